@@ -1,0 +1,29 @@
+# One command each: `make test` runs the test suite, `make demo` runs the CPU TCOD demo.
+# Both create .venv and install into it first. GPU users: pre-install your CUDA torch into .venv
+# (or set TORCH_SPEC=) and the CPU pin below is skipped.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if ! $(PY) -c "import torch" 2>/dev/null && [ -n "$(TORCH_SPEC)" ]; then \
+		echo "installing $(TORCH_SPEC)"; $(PY) -m pip install -q "$(TORCH_SPEC)"; fi
+	$(PY) -m pip install -q -e ".[dev,envs]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+demo: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash examples/multi_turn_tcod/run-tiny-tcod.sh
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,371 @@
+"""Command-line arguments with slime's flag names, grouped as slime groups them, and one validation step.
+
+``parse_args(add_custom_arguments=None)`` keeps slime's entry point: a plugin may pass a function that
+adds its own flags to the parser. Validation happens once, after parsing, in :func:`validate_args`;
+every rejection raises :class:`ArgumentError` whose message names the flag(s) and says what to do.
+Defaults leave plain behaviour unchanged: no OPD, no TCOD, a fixed reward-side KL coefficient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+
+ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+# Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.
+REWARD_SIDE_KL_ESTIMATORS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+class ArgumentError(ValueError):
+    """A flag combination that cannot run. The message names the flags and the fix."""
+
+
+# ---------------------------------------------------------------------------- groups
+def add_cluster_arguments(parser):
+    g = parser.add_argument_group("cluster")
+    g.add_argument("--actor-num-nodes", type=int, default=1)
+    g.add_argument("--actor-num-gpus-per-node", type=int, default=1,
+                   help="trainer processes per node (on CPU: number of processes)")
+    g.add_argument("--rollout-num-gpus", type=int, default=None, help="total devices for rollout engines")
+    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
+    g.add_argument("--num-gpus-per-node", type=int, default=8)
+    g.add_argument("--colocate", action="store_true", help="trainer and engines share devices")
+    g.add_argument("--ray-address", type=str, default=None,
+                   help="join an existing Ray cluster (default: RAY_ADDRESS or a local instance)")
+    g.add_argument("--train-backend", choices=("fsdp", "megatron"), default="fsdp")
+    g.add_argument("--rollout-backend", choices=("hf_engine", "sglang"), default="hf_engine",
+                   help="engine servers to start: the project's CPU server or real SGLang")
+    g.add_argument("--sglang-router-ip", type=str, default=None)
+    g.add_argument("--sglang-router-port", type=int, default=None)
+    g.add_argument("--sglang-mem-fraction-static", type=float, default=None)
+    g.add_argument("--engine-host", type=str, default="127.0.0.1", help="bind address of started engines")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--dry-run", action="store_true", help="parse, validate, print the plan, start nothing")
+    return parser
+
+
+def add_checkpoint_arguments(parser):
+    g = parser.add_argument_group("checkpoint")
+    g.add_argument("--hf-checkpoint", type=str, default=None, help="HF folder of the policy (and tokenizer)")
+    g.add_argument("--load", type=str, default=None, help="checkpoint folder to resume from")
+    g.add_argument("--save", type=str, default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--ref-load", type=str, default=None, help="reference model (default: --hf-checkpoint)")
+    g.add_argument("--critic-load", type=str, default=None)
+    return parser
+
+
+def add_data_arguments(parser):
+    g = parser.add_argument_group("data")
+    g.add_argument("--prompt-data", type=str, default=None, help="jsonl or parquet file of prompts")
+    g.add_argument("--input-key", type=str, default="input")
+    g.add_argument("--label-key", type=str, default=None)
+    g.add_argument("--metadata-key", type=str, default="metadata")
+    g.add_argument("--apply-chat-template", action="store_true")
+    g.add_argument("--rollout-shuffle", action="store_true")
+    g.add_argument("--eval-prompt-data", type=str, nargs="*", default=None,
+                   help="name path [name path ...] of evaluation sets")
+    g.add_argument("--eval-interval", type=int, default=None)
+    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    g.add_argument("--eval-temperature", type=float, default=None,
+                   help="sampling temperature for evaluation (default: --rollout-temperature)")
+    g.add_argument("--eval-max-response-len", type=int, default=None)
+    return parser
+
+
+def add_rollout_arguments(parser):
+    g = parser.add_argument_group("rollout")
+    g.add_argument("--rollout-batch-size", type=int, default=8, help="prompts per rollout step")
+    g.add_argument("--n-samples-per-prompt", type=int, default=1)
+    g.add_argument("--rollout-max-response-len", type=int, default=256)
+    g.add_argument("--rollout-max-context-len", type=int, default=None)
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
+    g.add_argument("--rollout-top-k", type=int, default=-1)
+    g.add_argument("--rollout-stop", type=str, nargs="*", default=None)
+    g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
+    g.add_argument("--rollout-seed", type=int, default=42)
+    g.add_argument("--num-rollout", type=int, default=None, help="number of rollout/train steps")
+    g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step")
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--num-steps-per-rollout", type=int, default=None)
+    g.add_argument("--custom-generate-function-path", type=str, default=None)
+    g.add_argument("--rollout-function-path", type=str, default="slime.rollout.sglang_rollout.generate_rollout")
+    g.add_argument("--rollout-concurrency", type=int, default=64, help="samples generated at once")
+    return parser
+
+
+def add_multi_turn_arguments(parser):
+    g = parser.add_argument_group("multi-turn")
+    g.add_argument("--max-turns", type=int, default=None, help="student turns per episode (multi-turn rollout)")
+    g.add_argument("--rollout-interaction-env-path", type=str, default=None,
+                   help="dotted path of the environment factory")
+    g.add_argument("--max-turn-response-len", type=int, default=None,
+                   help="token limit of one student turn (default: --rollout-max-response-len)")
+    return parser
+
+
+def add_reward_arguments(parser):
+    g = parser.add_argument_group("reward")
+    g.add_argument("--rm-type", type=str, default=None)
+    g.add_argument("--rm-url", type=str, default=None)
+    g.add_argument("--custom-rm-path", type=str, default=None)
+    g.add_argument("--custom-reward-post-process-path", type=str, default=None)
+    g.add_argument("--reward-key", type=str, default=None)
+    return parser
+
+
+def add_algorithm_arguments(parser):
+    g = parser.add_argument_group("algorithm")
+    g.add_argument("--loss-type", choices=("policy_loss", "sft_loss"), default="policy_loss")
+    g.add_argument("--advantage-estimator", choices=ESTIMATORS, default="grpo")
+    g.add_argument("--eps-clip", type=float, default=0.2)
+    g.add_argument("--eps-clip-high", type=float, default=None)
+    g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip constant (> 1), off by default")
+    g.add_argument("--value-clip", type=float, default=0.2)
+    g.add_argument("--kl-coef", type=float, default=0.0, help="reward-side KL coefficient")
+    g.add_argument("--use-kl-loss", action="store_true")
+    g.add_argument("--kl-loss-coef", type=float, default=0.0)
+    g.add_argument("--kl-loss-type", choices=("k1", "k2", "k3", "low_var_kl"), default="k1")
+    g.add_argument("--entropy-coef", type=float, default=0.0)
+    g.add_argument("--gamma", type=float, default=1.0)
+    g.add_argument("--lambd", type=float, default=1.0)
+    g.add_argument("--normalize-advantages", action="store_true")
+    g.add_argument("--disable-grpo-std-normalization", action="store_true")
+    g.add_argument("--use-rollout-logprobs", action="store_true",
+                   help="use the engine's sampling log-probs as the old policy instead of recomputing")
+    g.add_argument("--calculate-per-token-loss", action="store_true")
+    return parser
+
+
+def add_optimizer_arguments(parser):
+    g = parser.add_argument_group("optimizer")
+    g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--critic-lr", type=float, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    return parser
+
+
+def add_on_policy_distillation_arguments(parser):
+    g = parser.add_argument_group("on-policy distillation")
+    g.add_argument("--use-opd", action="store_true", help="add the teacher reverse-KL term to the advantages")
+    g.add_argument("--opd-type", choices=("sglang", "megatron"), default=None,
+                   help="sglang: teacher on a server via --rm-url; megatron: teacher loaded in the trainer")
+    g.add_argument("--opd-kl-coef", type=float, default=1.0)
+    g.add_argument("--opd-teacher-load", type=str, default=None,
+                   help="in-trainer teacher checkpoint (HF folder on the fsdp backend)")
+    g.add_argument("--opd-teacher-ckpt-step", type=int, default=None)
+    return parser
+
+
+def add_tcod_arguments(parser):
+    g = parser.add_argument_group("TCOD temporal curriculum")
+    g.add_argument("--use-tcod", action="store_true", help="grow the trajectory depth from short to long")
+    g.add_argument("--tcod-mode", choices=("f2b", "b2f"), default="f2b")
+    g.add_argument("--tcod-k-start", type=int, default=1)
+    g.add_argument("--tcod-eta", type=int, default=None, help="steps per depth increment (required)")
+    g.add_argument("--tcod-k-max", type=int, default=None, help="largest depth (default: --max-turns)")
+    g.add_argument("--tcod-prefix-source", choices=("expert", "teacher"), default=None,
+                   help="b2f only: replay expert actions (default) or let the teacher server play the prefix")
+    return parser
+
+
+def add_kl_controller_arguments(parser):
+    g = parser.add_argument_group("reward-side KL controller")
+    g.add_argument("--kl-ctrl", choices=("fixed", "adaptive"), default="fixed")
+    g.add_argument("--kl-target", type=float, default=None)
+    g.add_argument("--kl-horizon", type=float, default=10000)
+    g.add_argument("--kl-ctrl-clip", type=float, default=0.2)
+    g.add_argument("--kl-coef-min", type=float, default=1e-6)
+    g.add_argument("--kl-coef-max", type=float, default=1e3)
+    g.add_argument("--kl-ctrl-unit", choices=("token", "sequence"), default="token",
+                   help="observed KL as a per-token mean (verl) or summed per sequence (OpenAI / old TRL)")
+    return parser
+
+
+def add_logging_arguments(parser):
+    g = parser.add_argument_group("logging")
+    g.add_argument("--metrics-dir", type=str, default=None, help="where metrics.jsonl goes (default: --save)")
+    g.add_argument("--use-tensorboard", action="store_true")
+    g.add_argument("--use-wandb", action="store_true")
+    g.add_argument("--wandb-project", type=str, default=None)
+    g.add_argument("--wandb-group", type=str, default=None)
+    return parser
+
+
+GROUPS = (
+    add_cluster_arguments,
+    add_checkpoint_arguments,
+    add_data_arguments,
+    add_rollout_arguments,
+    add_multi_turn_arguments,
+    add_reward_arguments,
+    add_algorithm_arguments,
+    add_optimizer_arguments,
+    add_on_policy_distillation_arguments,
+    add_tcod_arguments,
+    add_kl_controller_arguments,
+    add_logging_arguments,
+)
+
+
+def get_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="slime: on-policy distillation of multi-turn agents")
+    for add in GROUPS:
+        add(parser)
+    if add_custom_arguments is not None:
+        add_custom_arguments(parser)
+    return parser
+
+
+def parse_args(add_custom_arguments=None, argv=None):
+    """Parse (``argv`` or ``sys.argv``) and validate; exits with the validation message on bad input."""
+    parser = get_parser(add_custom_arguments)
+    args = parser.parse_args(argv)
+    try:
+        validate_args(args)
+    except ArgumentError as err:
+        parser.error(str(err))
+    return args
+
+
+# ---------------------------------------------------------------------------- validation
+def _fail(message: str):
+    raise ArgumentError(message)
+
+
+def _validate_opd(args):
+    if args.opd_teacher_load is not None and not args.use_opd:
+        _fail("--opd-teacher-load is set but --use-opd is not: add --use-opd or drop --opd-teacher-load")
+    if not args.use_opd:
+        return
+    if args.opd_type is None:
+        _fail("--use-opd needs --opd-type: 'sglang' (teacher server at --rm-url) or 'megatron' (in-trainer teacher)")
+    if args.opd_type == "megatron":
+        if args.opd_teacher_load is None:
+            _fail("--opd-type megatron needs --opd-teacher-load (the teacher checkpoint folder)")
+        if not os.path.exists(args.opd_teacher_load):
+            _fail(f"--opd-teacher-load {args.opd_teacher_load!r} does not exist")
+    if args.opd_type == "sglang":
+        if args.opd_teacher_load is not None:
+            _fail("--opd-type sglang takes the teacher from the server at --rm-url; drop --opd-teacher-load "
+                  "(or use --opd-type megatron to load it into the trainer)")
+        if args.rollout_temperature != 1.0:
+            warnings.warn(
+                f"--rollout-temperature {args.rollout_temperature} with --opd-type sglang: the teacher server "
+                "scores at temperature 1, so the OPD term compares distributions at different temperatures",
+                stacklevel=3,
+            )
+    if args.opd_kl_coef < 0:
+        _fail("--opd-kl-coef must be >= 0")
+
+
+def _validate_tcod(args):
+    if not args.use_tcod:
+        if args.tcod_prefix_source is not None:
+            _fail("--tcod-prefix-source is set but --use-tcod is not")
+        return
+    if not args.use_opd:
+        _fail("--use-tcod shapes on-policy distillation: add --use-opd (and --opd-type)")
+    if args.max_turns is None or args.max_turns < 1:
+        _fail("--use-tcod needs a multi-turn rollout: set --max-turns >= 1 (and --rollout-interaction-env-path)")
+    if args.tcod_eta is None or args.tcod_eta <= 0:
+        _fail("--use-tcod needs --tcod-eta > 0 (rollout steps per depth increment; official: 6 F2B, 5 B2F)")
+    if args.tcod_k_start < 1:
+        _fail("--tcod-k-start must be >= 1")
+    if args.tcod_k_max is None:
+        args.tcod_k_max = args.max_turns
+    if args.tcod_k_max < args.tcod_k_start:
+        _fail(f"--tcod-k-max ({args.tcod_k_max}) must be >= --tcod-k-start ({args.tcod_k_start})")
+    if args.tcod_k_max > args.max_turns:
+        _fail(f"--tcod-k-max ({args.tcod_k_max}) must be <= --max-turns ({args.max_turns})")
+    if args.tcod_mode == "f2b" and args.tcod_prefix_source is not None:
+        _fail("--tcod-prefix-source applies to --tcod-mode b2f only; f2b always plays from reset")
+    if args.tcod_mode == "b2f":
+        if args.tcod_prefix_source is None:
+            args.tcod_prefix_source = "expert"
+        if args.tcod_prefix_source == "teacher" and (args.opd_type != "sglang" or not args.rm_url):
+            _fail("--tcod-prefix-source teacher needs a teacher server that can generate: "
+                  "--opd-type sglang with --rm-url")
+
+
+def _validate_kl(args):
+    if args.kl_coef < 0 or args.kl_loss_coef < 0:
+        _fail("--kl-coef and --kl-loss-coef must be >= 0")
+    if args.kl_coef != 0 and args.kl_loss_coef != 0:
+        _fail("--kl-coef (reward-side KL) and --kl-loss-coef (KL loss term) are both non-zero, which counts "
+              "the KL to the reference twice: keep one of them")
+    if args.kl_ctrl != "adaptive":
+        return
+    if args.advantage_estimator not in REWARD_SIDE_KL_ESTIMATORS:
+        _fail(f"--kl-ctrl adaptive adapts the reward-side --kl-coef, which --advantage-estimator "
+              f"{args.advantage_estimator} ignores (its advantages are a group-normalised scalar). Use an "
+              f"estimator from {REWARD_SIDE_KL_ESTIMATORS}, or keep --kl-ctrl fixed and regularise with "
+              "--use-kl-loss --kl-loss-coef")
+    if args.kl_target is None or args.kl_target <= 0:
+        _fail("--kl-ctrl adaptive needs --kl-target > 0 (in the unit of --kl-ctrl-unit)")
+    if args.kl_horizon <= 0:
+        _fail("--kl-horizon must be > 0")
+    if args.kl_coef <= 0:
+        _fail("--kl-ctrl adaptive needs an initial --kl-coef > 0 (a zero coefficient can never grow)")
+    if not 0 < args.kl_ctrl_clip <= 1:
+        _fail("--kl-ctrl-clip must lie in (0, 1]")
+    if not 0 < args.kl_coef_min < args.kl_coef_max:
+        _fail("--kl-coef-min must be > 0 and < --kl-coef-max")
+    if not args.kl_coef_min <= args.kl_coef <= args.kl_coef_max:
+        _fail("--kl-coef must lie within [--kl-coef-min, --kl-coef-max]")
+
+
+def _validate_batching(args):
+    for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "micro_batch_size"):
+        if getattr(args, name) < 1:
+            _fail(f"--{name.replace('_', '-')} must be >= 1")
+    per_rollout = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is None:
+        args.global_batch_size = per_rollout
+    if args.global_batch_size < 1 or per_rollout % args.global_batch_size:
+        _fail(f"--global-batch-size ({args.global_batch_size}) must divide --rollout-batch-size x "
+              f"--n-samples-per-prompt ({per_rollout})")
+    if args.num_steps_per_rollout is None:
+        args.num_steps_per_rollout = per_rollout // args.global_batch_size
+    if args.max_turn_response_len is None:
+        args.max_turn_response_len = args.rollout_max_response_len
+    if args.eval_temperature is None:
+        args.eval_temperature = args.rollout_temperature
+    if args.eval_temperature < 0:
+        _fail("--eval-temperature must be >= 0")
+    if not 0 < args.rollout_top_p <= 1:
+        _fail("--rollout-top-p must lie in (0, 1]")
+    if args.eval_prompt_data is not None and len(args.eval_prompt_data) % 2:
+        _fail("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
+
+
+def validate_args(args):
+    """Check cross-flag rules and fill derived defaults in place. Raises ArgumentError."""
+    if args.train_backend == "megatron":
+        _fail("--train-backend megatron is reserved: the Megatron-core trainer does not exist yet; "
+              "use --train-backend fsdp")
+    if args.rollout_temperature <= 0:
+        _fail("--rollout-temperature must be > 0 (on-policy training needs a sampling distribution)")
+    if args.actor_num_nodes < 1 or args.actor_num_gpus_per_node < 1:
+        _fail("--actor-num-nodes and --actor-num-gpus-per-node must be >= 1")
+    if args.max_turns is not None and args.max_turns < 1:
+        _fail("--max-turns must be >= 1")
+    if args.save_interval is not None and args.save_interval < 1:
+        _fail("--save-interval must be >= 1")
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1:
+        _fail("--eps-clip-c (dual clip) must be > 1")
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    if args.ref_load is None:
+        args.ref_load = args.hf_checkpoint
+    _validate_batching(args)
+    _validate_opd(args)
+    _validate_tcod(args)
+    _validate_kl(args)
+    return args
