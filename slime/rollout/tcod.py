@@ -34,3 +34,34 @@ def b2f_prefix_length(step: int, expert_len: int | None, k_start: int, eta: int,
     if not expert_len or expert_len <= 0:
         return 0
     return max(0, expert_len - depth)
+
+
+# ---------------------------------------------------------------------------- episode plans
+# The rollout function knows the step n; slime's generate signature does not carry it. So the step's
+# plan is written into ``sample.metadata["episode_plan"]`` and the multi-turn generate function reads it.
+def episode_plan(args, rollout_id: int, evaluation: bool = False) -> dict | None:
+    """The plan for every sample of rollout ``rollout_id`` (None for single-turn rollouts)."""
+    max_turns = getattr(args, "max_turns", None)
+    if not max_turns:
+        return None
+    if evaluation or not getattr(args, "use_tcod", False):
+        # Evaluation always plays full episodes; vanilla multi-turn OPD too.
+        return {"mode": "full", "max_student_turns": max_turns, "step": rollout_id}
+    depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
+    if args.tcod_mode == "f2b":
+        return {"mode": "f2b", "depth": depth, "max_student_turns": depth, "step": rollout_id}
+    return {"mode": "b2f", "depth": depth, "max_student_turns": max_turns, "step": rollout_id,
+            "prefix_source": args.tcod_prefix_source}
+
+
+def plan_prefix_length(plan: dict, expert_len: int | None) -> int:
+    """B2F turns to replay for a task whose expert path has ``expert_len`` actions (0 otherwise)."""
+    if plan is None or plan.get("mode") != "b2f" or not expert_len:
+        return 0
+    return max(0, int(expert_len) - int(plan["depth"]))
+
+
+def attach_plan(args, rollout_id: int, sample, evaluation: bool = False) -> None:
+    plan = episode_plan(args, rollout_id, evaluation)
+    if plan is not None:
+        sample.metadata["episode_plan"] = plan

@@ -1,0 +1,61 @@
+"""The resolved plan of a run, printed by ``train.py --dry-run`` (and at start-up)."""
+
+from __future__ import annotations
+
+from slime.rollout.tcod import curriculum_depth
+
+
+def describe_plan(args) -> list[str]:
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    engines = max(1, (args.rollout_num_gpus or 1) // max(1, args.rollout_num_gpus_per_engine))
+    lines = [
+        f"trainer   : {args.train_backend}, {world} process(es) "
+        f"({args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node}), policy {args.hf_checkpoint}",
+        (f"engines   : slime router {args.sglang_router_ip}:{args.sglang_router_port}" if args.sglang_router_ip
+         else f"engines   : {engines} x {args.rollout_backend} "
+              f"({args.rollout_num_gpus_per_engine} device(s) each), host {args.engine_host}"),
+        f"steps     : {args.num_rollout} rollouts x {args.rollout_batch_size} prompts x "
+        f"{args.n_samples_per_prompt} samples; global batch {args.global_batch_size}, "
+        f"{args.num_steps_per_rollout} optimizer step(s) per rollout",
+        f"algorithm : {args.loss_type}, estimator {args.advantage_estimator}, lr {args.lr}, "
+        f"eps_clip {args.eps_clip}/{args.eps_clip_high}",
+    ]
+    if args.use_opd:
+        teacher = f"server at {args.rm_url}" if args.opd_type == "sglang" else f"in-trainer from {args.opd_teacher_load}"
+        lines.append(f"OPD       : teacher {teacher} (--opd-type {args.opd_type}), coef {args.opd_kl_coef}")
+    else:
+        lines.append("OPD       : off")
+    if args.max_turns:
+        lines.append(f"multi-turn: up to {args.max_turns} turns, env {args.rollout_interaction_env_path}")
+    if args.use_tcod:
+        schedule = []
+        step, previous = 0, None
+        last = (args.num_rollout or 1) - 1
+        while step <= last:
+            k = curriculum_depth(step, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
+            if k != previous:
+                schedule.append(f"n={step}:k={k}")
+                previous = k
+            if k == args.tcod_k_max:
+                break
+            step += args.tcod_eta - step % args.tcod_eta
+        extra = f", prefix from {args.tcod_prefix_source}" if args.tcod_mode == "b2f" else ""
+        lines.append(f"TCOD      : {args.tcod_mode}, k(n) = min({args.tcod_k_start} + n // {args.tcod_eta}, "
+                     f"{args.tcod_k_max}){extra}")
+        lines.append("schedule  : " + " ".join(schedule[:12]) + (" ..." if len(schedule) > 12 else ""))
+    else:
+        lines.append("TCOD      : off")
+    if args.kl_ctrl == "adaptive":
+        lines.append(f"KL ctrl   : adaptive, target {args.kl_target} per {args.kl_ctrl_unit}, horizon "
+                     f"{args.kl_horizon}, init coef {args.kl_coef}, clip {args.kl_ctrl_clip}")
+    else:
+        lines.append(f"KL ctrl   : fixed coef {args.kl_coef}; KL loss "
+                     f"{'on, coef ' + str(args.kl_loss_coef) if args.use_kl_loss else 'off'}")
+    lines.append(f"checkpoint: save {args.save} every {args.save_interval}; load {args.load}")
+    return lines
+
+
+def print_plan(args) -> None:
+    print("slime plan (dry run: nothing started)")
+    for line in describe_plan(args):
+        print("  " + line)

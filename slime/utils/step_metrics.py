@@ -1,0 +1,77 @@
+"""Rollout-side metrics of one step, including multi-turn OPD diagnostics (TCOD paper).
+
+* per-turn KL by turn index: for every student turn, the sum over its tokens of
+  ``log p_student - log p_teacher``, averaged over the trajectories that reached that turn. The turn
+  index counts episode turns, so in B2F the first student turn after a prefix of p replayed turns has
+  index p (0-based).
+* trajectory KL: the same sum over all student tokens of a trajectory; mean and std over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from slime.utils.types import Status
+
+
+def _mean(values):
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _std(values):
+    values = list(values)
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+
+
+def per_turn_kl(samples, per_sample_kl) -> tuple[list[float], list[float]]:
+    """(mean KL per episode turn index, trajectory KL per sample) from per-token OPD KL lists."""
+    by_turn: dict[int, list[float]] = {}
+    trajectory = []
+    for sample, kl in zip(samples, per_sample_kl):
+        mask = sample.loss_mask or [1] * sample.response_length
+        trajectory.append(sum(float(k) * m for k, m in zip(kl, mask)))
+        offset = int(sample.metadata.get("prefix_turns", 0))
+        for j, (start, end) in enumerate(sample.metadata.get("turn_spans", [])):
+            turn_sum = sum(float(kl[t]) * mask[t] for t in range(start, end))
+            by_turn.setdefault(offset + j, []).append(turn_sum)
+    if not by_turn:
+        return [], trajectory
+    width = max(by_turn) + 1
+    return [_mean(by_turn.get(i, [])) if i in by_turn else None for i in range(width)], trajectory
+
+
+def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
+    """Metrics of the generated groups (all samples) and of the trained ones (``samples``)."""
+    everything = [s for g in groups for s in g]
+    out = {
+        "rollout/reward": _mean(s.metadata.get("task_reward", 0.0) for s in everything
+                                if s.status != Status.FAILED),
+        "rollout/response_len": _mean(s.response_length for s in everything),
+        "rollout/truncated": _mean(float(s.status == Status.TRUNCATED) for s in everything),
+        "rollout/trained_tokens": sum(s.effective_response_length for s in samples),
+        "rollout/trained_tokens_per_traj": _mean(s.effective_response_length for s in samples),
+    }
+    multi = [s for s in everything if "num_turns" in s.metadata]
+    if multi:
+        finished = [s for s in multi if s.status != Status.FAILED]
+        out["multi_turn/success_rate"] = _mean(float(bool(s.metadata.get("success"))) for s in finished)
+        out["multi_turn/turns"] = _mean(s.metadata["num_turns"] for s in finished)
+        out["multi_turn/cut"] = sum(1 for s in finished if s.metadata.get("outcome") == "cut")
+        out["multi_turn/replay_finished"] = sum(1 for s in everything if s.metadata.get("outcome") == "replay_finished")
+        out["multi_turn/env_failed"] = sum(1 for s in multi if s.status == Status.FAILED)
+        plans = [s.metadata.get("episode_plan") or {} for s in multi]
+        if any("depth" in p for p in plans):
+            out["tcod/depth"] = max(p.get("depth", 0) for p in plans)
+        out["tcod/prefix_len"] = _mean(s.metadata.get("prefix_turns", 0) for s in multi)
+    kl_lists = train_stats.get("per_sample_opd_kl")
+    if kl_lists:
+        turns, trajectory = per_turn_kl(samples, kl_lists)
+        out["opd/trajectory_kl_mean"] = _mean(trajectory)
+        out["opd/trajectory_kl_std"] = _std(trajectory)
+        if turns:
+            out["opd/per_turn_kl"] = turns
+    return out

@@ -1,0 +1,135 @@
+"""Entry point, as in slime: parse -> start/join Ray -> trainer group + rollout manager -> loop.
+
+    python train.py --hf-checkpoint MODEL --prompt-data data.jsonl --num-rollout 10 ... [--dry-run]
+
+Each step n: rollout (generate, teacher scoring / rewards) -> train (log-probs, advantages, OPD term,
+PPO update) -> KL-controller update -> checkpoint on schedule -> push weights to the engines, so
+rollouts of step n+1 use the weights of step n.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from slime.utils.arguments import parse_args
+from slime.utils.plan import print_plan
+
+
+def _init_ray(args):
+    import ray
+
+    address = args.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, ignore_reinit_error=True)
+    else:
+        world = args.actor_num_nodes * args.actor_num_gpus_per_node
+        ray.init(num_cpus=max(2, world + 1), include_dashboard=False, ignore_reinit_error=True,
+                 log_to_driver=True, logging_level=logging.WARNING)
+
+
+def _due(step: int, interval: int | None, last: int) -> bool:
+    return bool(interval) and ((step + 1) % interval == 0 or step == last)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv=argv)
+    if args.dry_run:
+        print_plan(args)
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from slime.ray.actor_group import TrainerGroup
+    from slime.ray.rollout import RolloutManager
+    from slime.utils.checkpoint import load_checkpoint, save_checkpoint
+    from slime.utils.kl_controller import build_kl_controller
+    from slime.utils.metrics import MetricsLogger
+    from slime.utils.step_metrics import rollout_metrics
+
+    if args.num_rollout is None:
+        raise SystemExit("train.py: --num-rollout is required (number of rollout/train steps)")
+    _init_ray(args)
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+    if args.use_opd and args.opd_type == "sglang":
+        from slime.rollout.on_policy_distillation import check_teacher_vocab
+
+        check_teacher_vocab(args, tokenizer)
+
+    trainer = TrainerGroup(args)
+    kl_ctrl = build_kl_controller(args)
+    rollout_manager = None
+    start = 0
+    try:
+        if args.load:
+            # The data source must exist before its position is restored; engines start afterwards on
+            # the restored policy.
+            from slime.utils.data import RolloutDataSource
+
+            data_source = RolloutDataSource.from_args(args, tokenizer)
+            state = load_checkpoint(args.load, trainer=trainer, data_source=data_source, kl_controller=kl_ctrl)
+            start = state["rollout_id"] + 1
+            args.rollout_model_path = str(Path(state["folder"]) / "model" / "hf")
+            rollout_manager = RolloutManager(args, tokenizer)
+            rollout_manager.data_source = data_source
+        else:
+            rollout_manager = RolloutManager(args, tokenizer)
+        logger = MetricsLogger(args, resume_step=start if args.load else None)
+        sync_dir = Path(args.save or tempfile.mkdtemp(prefix="slime-sync-")) / "weight_sync"
+        last = args.num_rollout - 1
+
+        if args.eval_interval and start == 0 and rollout_manager.eval_sets:
+            logger.log(-1, rollout_manager.evaluate(-1))
+        bar = tqdm(range(start, args.num_rollout), desc="train", initial=start, total=args.num_rollout,
+                   dynamic_ncols=True)
+        for rollout_id in bar:
+            t_step = time.perf_counter()
+            samples, groups, select_stats = rollout_manager.generate(rollout_id)
+            t_rollout = time.perf_counter() - t_step
+
+            t0 = time.perf_counter()
+            coef_used = kl_ctrl.value
+            train_stats = trainer.train(rollout_id, samples, coef_used)
+            t_train = time.perf_counter() - t0
+
+            unit_key = "kl/observed_seq_sum" if args.kl_ctrl_unit == "sequence" else "kl/observed_token_mean"
+            kl_stats = kl_ctrl.update(train_stats.get(unit_key, 0.0), n_steps=max(1, len(samples)))
+
+            t0 = time.perf_counter()
+            if args.save and _due(rollout_id, args.save_interval, last):
+                save_checkpoint(args.save, rollout_id, trainer=trainer, data_source=rollout_manager.data_source,
+                                kl_controller=kl_ctrl)
+            t_save = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            trainer.export_hf(str(sync_dir))
+            rollout_manager.update_weights(str(sync_dir))
+            t_sync = time.perf_counter() - t0
+
+            metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
+                       **{k: v for k, v in train_stats.items() if k != "per_sample_opd_kl"}, **kl_stats,
+                       "kl_ctrl/coef_used": coef_used}
+            if _due(rollout_id, args.eval_interval, last) and rollout_manager.eval_sets:
+                metrics.update(rollout_manager.evaluate(rollout_id))
+            timings = {"time/rollout": t_rollout, "time/train": t_train, "time/save": t_save,
+                       "time/weight_sync": t_sync, "time/step": time.perf_counter() - t_step}
+            timings.update(rollout_manager.last_timings())
+            metrics.update(timings)
+            logger.log(rollout_id, metrics)
+            bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
+                             ("rollout/reward", "opd/reverse_kl", "loss", "time/step") if k in metrics})
+        logger.close()
+    finally:
+        if rollout_manager is not None:
+            rollout_manager.shutdown()
+        trainer.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
