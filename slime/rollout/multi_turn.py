@@ -1,0 +1,197 @@
+"""The agent loop: LLM -> env.step -> repeat, one loss-masked Sample per trajectory.
+
+Use with ``--custom-generate-function-path slime.rollout.multi_turn.generate`` (slime's signature)
+and ``--rollout-interaction-env-path`` naming ``make_env(args, sample) -> env`` (contract in
+``docs/en/advanced/multi-turn-tcod.md``).
+
+Token in, token out: the sequence grows only by appending the engine's sampled ids (trainable, with
+their log-probs) and encoded observations (not trainable). Earlier turns are never re-tokenized, so
+the teacher and the trainer see exactly the tokens the student sampled.
+
+The episode follows ``sample.metadata["episode_plan"]`` written by the rollout function
+(``slime.rollout.tcod``): ``full`` plays up to ``--max-turns``; ``f2b`` cuts after ``depth`` student
+turns (a normal outcome, recorded as ``cut``); ``b2f`` first replays ``max(0, L_exp - depth)`` expert
+(or teacher) turns into the prompt part, where nothing is trained, then the student plays to the end.
+
+Outcomes in ``metadata["outcome"]``: done, cut, max_turns, context_full, replay_finished, env_error.
+An exception in the environment ends the episode as FAILED (error in ``metadata["error"]``); engine
+errors are not environment faults and propagate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from slime.rollout.chat_layout import action_stop_token_id, encode_observation, encode_prompt
+from slime.rollout.sglang_rollout import engine_url, get_tokenizer, parse_output_logprobs, sampling_seed
+from slime.rollout.tcod import plan_prefix_length
+from slime.utils.http_utils import post
+from slime.utils.misc import load_function
+from slime.utils.types import Sample, Status
+
+logger = logging.getLogger(__name__)
+
+
+class EnvironmentFault(RuntimeError):
+    """The environment raised; the episode is recorded as FAILED and the run goes on."""
+
+
+async def _env_call(fn, *args):
+    # Environments may block (a JVM, a game engine): keep them off the event loop.
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except Exception as err:  # noqa: BLE001 - any env error ends only this episode
+        raise EnvironmentFault(f"{getattr(fn, '__qualname__', fn)}: {type(err).__name__}: {err}") from err
+
+
+def _expert_actions(sample: Sample, env) -> list[str] | None:
+    actions = sample.metadata.get("expert_actions")
+    if actions:
+        return list(actions)
+    getter = getattr(env, "expert_actions", None)
+    return list(getter() or []) if callable(getter) else None
+
+
+class _Episode:
+    """Book-keeping of one trajectory while it is played."""
+
+    def __init__(self, args, sample: Sample, tokenizer, evaluation: bool):
+        self.args = args
+        self.sample = sample
+        self.tokenizer = tokenizer
+        self.evaluation = evaluation
+        self.stop_id = action_stop_token_id(tokenizer)
+        self.turn_spans: list[list[int]] = []
+        self.turn_rewards: list[float] = []
+        self.success = False
+        self.total_reward = 0.0
+        self.response_budget = args.rollout_max_response_len
+        self.context_limit = args.rollout_max_context_len
+
+    def room(self) -> int:
+        """Tokens that may still be added to the sequence."""
+        room = self.response_budget - self.sample.response_length
+        if self.context_limit:
+            room = min(room, self.context_limit - len(self.sample.tokens))
+        return room
+
+    def record_step(self, reward, info) -> None:
+        self.turn_rewards.append(float(reward))
+        self.total_reward += float(reward)
+        if info.get("success"):
+            self.success = True
+
+    async def sample_turn(self, url: str, turn: int, sampling_params: dict, *, salt: int = 0):
+        params = dict(sampling_params)
+        params["max_new_tokens"] = min(self.args.max_turn_response_len, self.room())
+        params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
+        params["no_stop_trim"] = True
+        params["sampling_seed"] = sampling_seed(self.args, self.sample, self.evaluation, salt=1 + turn + salt)
+        return await post(url, {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True})
+
+    def action_text(self, ids: list[int]) -> str:
+        if ids and ids[-1] == self.stop_id:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampling_params: dict):
+    """Play the B2F prefix into the prompt part. Returns (observation, done, replayed turns)."""
+    expert = _expert_actions(ep.sample, env)
+    prefix = plan_prefix_length(plan, len(expert) if expert else 0)
+    source = plan.get("prefix_source") or "expert"
+    for i in range(prefix):
+        if source == "teacher":
+            out = await ep.sample_turn(ep.args.rm_url, i, sampling_params, salt=10_000)
+            ids = list(out["output_ids"])
+            action = ep.action_text(ids)
+        else:
+            action = expert[i]
+            ids = ep.tokenizer(action, add_special_tokens=False)["input_ids"] + [ep.stop_id]
+        observation, reward, done, info = await _env_call(env.step, action)
+        ep.record_step(reward, info or {})
+        ep.sample.tokens.extend(ids)
+        if done:
+            return observation, True, i + 1
+        ep.sample.tokens.extend(encode_observation(ep.tokenizer, observation))
+    return observation, False, prefix
+
+
+async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
+    """Run the episode; returns the outcome."""
+    sample = ep.sample
+    observation = await _env_call(env.reset)
+    sample.tokens = list(encode_prompt(ep.tokenizer, observation))
+    sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
+    prefix_turns = 0
+    if plan.get("mode") == "b2f":
+        observation, done, prefix_turns = await _replay_prefix(ep, env, plan, observation, sampling_params)
+        sample.metadata["prefix_turns"] = prefix_turns
+        if done:
+            sample.metadata["no_training_sample"] = True
+            return "replay_finished"
+    url = engine_url(ep.args, sample)
+    for turn in range(int(plan.get("max_student_turns") or ep.args.max_turns)):
+        if ep.room() <= 0:
+            sample.status = Status.TRUNCATED
+            return "context_full"
+        out = await ep.sample_turn(url, prefix_turns + turn, sampling_params)
+        ids = list(out["output_ids"])
+        start = sample.response_length
+        sample.append_response_tokens(ep.args, tokens=ids, log_probs=parse_output_logprobs(out["meta_info"]),
+                                      trainable=True, update_terminal_info=False)
+        ep.turn_spans.append([start, sample.response_length])
+        observation, reward, done, info = await _env_call(env.step, ep.action_text(ids))
+        ep.record_step(reward, info or {})
+        if done:
+            sample.status = Status.COMPLETED
+            return "done"
+        obs_ids = encode_observation(ep.tokenizer, observation)
+        if len(obs_ids) > ep.room():
+            sample.status = Status.TRUNCATED
+            return "context_full"
+        sample.append_response_tokens(ep.args, tokens=obs_ids, trainable=False, update_terminal_info=False)
+    if plan.get("mode") == "f2b":
+        sample.status = Status.COMPLETED  # the curriculum's cut is a normal outcome, not a truncation
+        return "cut"
+    sample.status = Status.TRUNCATED
+    return "max_turns"
+
+
+async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+    if not args.rollout_interaction_env_path:
+        raise ValueError("slime.rollout.multi_turn.generate needs --rollout-interaction-env-path")
+    tokenizer = get_tokenizer(args)
+    make_env = load_function(args.rollout_interaction_env_path)
+    plan = sample.metadata.get("episode_plan") or {"mode": "full", "max_student_turns": args.max_turns}
+    ep = _Episode(args, sample, tokenizer, evaluation)
+    env = None
+    try:
+        env = await _env_call(make_env, args, sample)
+        outcome = await _play(ep, env, plan, sampling_params)
+    except EnvironmentFault as err:
+        outcome = "env_error"
+        sample.status = Status.FAILED
+        sample.metadata["error"] = str(err)
+        logger.warning("episode of sample %s failed in the environment: %s", sample.index, err)
+    finally:
+        if env is not None and hasattr(env, "close"):
+            try:
+                await asyncio.to_thread(env.close)
+            except Exception as err:  # noqa: BLE001 - a failing close must not hide the episode
+                logger.warning("env.close() raised for sample %s: %s", sample.index, err)
+    # Trailing trainable state must match the token layout even for failed episodes.
+    if sample.loss_mask is None:
+        sample.loss_mask = []
+    sample.response = tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length:])
+    sample.reward = ep.total_reward
+    sample.metadata.update({
+        "turn_spans": ep.turn_spans,
+        "turn_rewards": ep.turn_rewards,
+        "num_turns": len(ep.turn_spans),
+        "success": ep.success,
+        "outcome": outcome,
+    })
+    sample.metadata.setdefault("prefix_turns", 0)
+    return sample
