@@ -1,0 +1,153 @@
+import pytest
+
+from slime.utils.arguments import ArgumentError, get_parser, parse_args, validate_args
+from slime.utils.kl_controller import FixedKLController, build_kl_controller
+
+SERVER_OPD = ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate"]
+TCOD = SERVER_OPD + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"]
+ADAPTIVE = ["--advantage-estimator", "ppo", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"]
+
+
+def validated(argv):
+    return validate_args(get_parser().parse_args(argv))
+
+
+def rejects(argv, flag):
+    with pytest.raises(ArgumentError) as err:
+        validated(argv)
+    assert flag in str(err.value), f"message does not name {flag}: {err.value}"
+    return str(err.value)
+
+
+# Each row breaks exactly one rule; the message must name the flag a user has to fix.
+RULES = [
+    (["--train-backend", "megatron"], "--train-backend"),
+    (["--rollout-temperature", "0"], "--rollout-temperature"),
+    (["--rollout-temperature", "-0.5"], "--rollout-temperature"),
+    (["--actor-num-nodes", "0"], "--actor-num-nodes"),
+    (["--actor-num-gpus-per-node", "0"], "--actor-num-gpus-per-node"),
+    (["--max-turns", "0"], "--max-turns"),
+    (["--save-interval", "0"], "--save-interval"),
+    (["--eps-clip-c", "1.0"], "--eps-clip-c"),
+    (["--rollout-batch-size", "0"], "--rollout-batch-size"),
+    (["--n-samples-per-prompt", "0"], "--n-samples-per-prompt"),
+    (["--rollout-max-response-len", "0"], "--rollout-max-response-len"),
+    (["--micro-batch-size", "0"], "--micro-batch-size"),
+    (["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "3"], "--global-batch-size"),
+    (["--global-batch-size", "0"], "--global-batch-size"),
+    (["--eval-temperature", "-1"], "--eval-temperature"),
+    (["--rollout-top-p", "0"], "--rollout-top-p"),
+    (["--rollout-top-p", "1.5"], "--rollout-top-p"),
+    (["--eval-prompt-data", "name"], "--eval-prompt-data"),
+    # on-policy distillation
+    (["--opd-teacher-load", "/nonexistent"], "--opd-teacher-load"),
+    (["--use-opd"], "--opd-type"),
+    (["--use-opd", "--opd-type", "megatron"], "--opd-teacher-load"),
+    (["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "/nonexistent/teacher"], "--opd-teacher-load"),
+    (SERVER_OPD + ["--opd-kl-coef", "-0.1"], "--opd-kl-coef"),
+    # TCOD
+    (["--tcod-prefix-source", "expert"], "--tcod-prefix-source"),
+    (["--use-tcod", "--max-turns", "5", "--tcod-eta", "6"], "--use-opd"),
+    (SERVER_OPD + ["--use-tcod", "--tcod-eta", "6"], "--max-turns"),
+    (SERVER_OPD + ["--use-tcod", "--max-turns", "30"], "--tcod-eta"),
+    (TCOD[:-1] + ["0"], "--tcod-eta"),
+    (TCOD + ["--tcod-k-start", "0"], "--tcod-k-start"),
+    (TCOD + ["--tcod-k-start", "5", "--tcod-k-max", "4"], "--tcod-k-max"),
+    (TCOD + ["--tcod-k-max", "31"], "--tcod-k-max"),
+    (TCOD + ["--tcod-prefix-source", "expert"], "--tcod-prefix-source"),
+    (["--use-opd", "--opd-type", "sglang", "--use-tcod", "--max-turns", "30", "--tcod-eta", "5", "--tcod-mode", "b2f",
+      "--tcod-prefix-source", "teacher"], "--rm-url"),
+    # reward-side KL and its controller
+    (["--kl-coef", "-1"], "--kl-coef"),
+    (["--kl-loss-coef", "-1"], "--kl-loss-coef"),
+    (["--kl-coef", "0.1", "--kl-loss-coef", "0.1"], "--kl-loss-coef"),
+    (["--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"], "--advantage-estimator"),
+    (["--advantage-estimator", "gspo", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"],
+     "--advantage-estimator"),
+    (ADAPTIVE[:4] + ["--kl-coef", "0.05"], "--kl-target"),
+    (ADAPTIVE[:5] + ["0", "--kl-coef", "0.05"], "--kl-target"),
+    (ADAPTIVE + ["--kl-horizon", "0"], "--kl-horizon"),
+    (ADAPTIVE[:-1] + ["0"], "--kl-coef"),
+    (ADAPTIVE + ["--kl-ctrl-clip", "0"], "--kl-ctrl-clip"),
+    (ADAPTIVE + ["--kl-ctrl-clip", "1.5"], "--kl-ctrl-clip"),
+    (ADAPTIVE + ["--kl-coef-min", "0"], "--kl-coef-min"),
+    (ADAPTIVE + ["--kl-coef-min", "2", "--kl-coef-max", "1"], "--kl-coef-max"),
+    (ADAPTIVE + ["--kl-coef-min", "0.1"], "--kl-coef"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", RULES, ids=[" ".join(a) for a, _ in RULES])
+def test_each_rule_rejects_and_names_the_flag(argv, flag):
+    rejects(argv, flag)
+
+
+def test_defaults_mean_no_opd_no_tcod_fixed_kl():
+    args = validated([])
+    assert not args.use_opd and not args.use_tcod and args.opd_type is None
+    assert args.kl_ctrl == "fixed" and args.kl_coef == 0.0
+    ctrl = build_kl_controller(args)
+    assert isinstance(ctrl, FixedKLController) and ctrl.value == 0.0
+
+
+def test_derived_defaults_are_filled():
+    args = validated(["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--eps-clip", "0.3",
+                      "--hf-checkpoint", "/m", "--rollout-temperature", "0.7", "--rollout-max-response-len", "64"])
+    assert args.global_batch_size == 8 and args.num_steps_per_rollout == 1
+    assert args.eps_clip_high == 0.3 and args.ref_load == "/m"
+    assert args.eval_temperature == 0.7 and args.max_turn_response_len == 64
+    args = validated(["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "2"])
+    assert args.num_steps_per_rollout == 4
+
+
+def test_valid_opd_configurations(tmp_path):
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    args = validated(["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(teacher)])
+    assert args.opd_teacher_load == str(teacher) and args.opd_kl_coef == 1.0
+    assert validated(SERVER_OPD).opd_type == "sglang"
+
+
+def test_server_teacher_with_other_temperature_warns():
+    with pytest.warns(UserWarning, match="--rollout-temperature"):
+        validated(SERVER_OPD + ["--rollout-temperature", "0.7"])
+
+
+def test_tcod_fills_k_max_and_b2f_prefix_source():
+    args = validated(TCOD)
+    assert args.tcod_k_max == 30 and args.tcod_prefix_source is None
+    args = validated(TCOD + ["--tcod-mode", "b2f", "--tcod-k-max", "20"])
+    assert args.tcod_k_max == 20 and args.tcod_prefix_source == "expert"
+    args = validated(TCOD + ["--tcod-mode", "b2f", "--tcod-prefix-source", "teacher"])
+    assert args.tcod_prefix_source == "teacher"
+
+
+def test_valid_adaptive_controller():
+    args = validated(ADAPTIVE)
+    ctrl = build_kl_controller(args)
+    assert ctrl.kind == "adaptive" and ctrl.value == pytest.approx(0.05) and ctrl.target == pytest.approx(0.1)
+
+
+def test_parse_args_exits_through_parser_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv=["--use-opd"])
+    assert exit_info.value.code == 2
+    assert "--opd-type" in capsys.readouterr().err
+
+
+def test_parse_args_accepts_custom_arguments():
+    def add(parser):
+        parser.add_argument("--my-flag", type=int, default=3)
+
+    args = parse_args(add, argv=["--my-flag", "7"])
+    assert args.my_flag == 7 and args.global_batch_size == args.rollout_batch_size * args.n_samples_per_prompt
+
+
+def test_missing_teacher_path_is_reported_as_missing(tmp_path):
+    message = rejects(["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(tmp_path / "absent")],
+                      "--opd-teacher-load")
+    assert "does not exist" in message
+
+
+def test_server_teacher_rejects_a_teacher_checkpoint(tmp_path):
+    message = rejects(SERVER_OPD + ["--opd-teacher-load", str(tmp_path)], "--opd-teacher-load")
+    assert "sglang" in message
