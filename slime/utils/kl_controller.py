@@ -66,8 +66,9 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> dict[str, float]:
         if not math.isfinite(current_kl):
             raise ValueError(f"observed KL is not finite ({current_kl}); refusing to update the KL coefficient")
-        if n_steps <= 0:
-            raise ValueError(f"n_steps must be > 0, got {n_steps}")
+        if not math.isfinite(n_steps) or n_steps <= 0:
+            # An infinite step count times a zero error is NaN, which the bounds below would let through.
+            raise ValueError(f"n_steps must be finite and > 0, got {n_steps}")
         raw_error = current_kl / self.target - 1.0
         error = min(max(raw_error, -self.clip), self.clip)
         self.value = self.value * (1.0 + error * n_steps / self.horizon)
@@ -91,7 +92,11 @@ class AdaptiveKLController:
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != self.kind:
             raise ValueError(f"checkpoint holds a {state.get('kind')!r} KL controller, this run uses {self.kind!r}")
-        self.value = min(max(float(state["value"]), self.coef_min), self.coef_max)
+        value = float(state["value"])
+        if not math.isfinite(value):
+            # min/max pass NaN through unchanged, so the bounds alone would not catch a corrupt state.
+            raise ValueError(f"checkpoint KL coefficient is not finite ({value})")
+        self.value = min(max(value, self.coef_min), self.coef_max)
         self.n_updates = int(state.get("n_updates", 0))
 
 
