@@ -6,6 +6,11 @@ reproduce the official code:
 
 * F2B plays turns 1..k(n) from reset, ``k(n) = min(k_start + n // eta, k_max)``;
 * B2F replays ``max(0, L_exp - k(n))`` expert turns, then the student plays to the end.
+
+One deliberate difference: the official prefix ``max(0, (L_exp - 1) - n // eta)`` is not capped by
+``k_max``; ours is, because the depth is. The two agree whenever ``L_exp <= k_max``. For an expert path
+longer than ``k_max`` (= ``--max-turns``) the official schedule eventually starts the student from
+reset with more turns to go than it is allowed to play; ours keeps the last ``k_max`` turns in reach.
 """
 
 from __future__ import annotations
