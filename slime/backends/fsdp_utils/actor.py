@@ -1,0 +1,270 @@
+"""The per-process FSDP2 trainer: policy, optional reference / in-trainer teacher / critic, PPO updates.
+
+One ``FSDPActor`` lives in each trainer process of one torch.distributed group (set up by
+``launch.init_distributed``, a Ray actor in ``slime/ray/actor_group.py`` or a spawned process).
+
+``train(rollout_id, samples, kl_coef)`` takes the WHOLE rollout batch on every rank (the same list, in
+the same order). Each rank scores and trains only its share (``data_plan``); the per-token results are
+all-gathered so advantages, the OPD term and whitening are computed once over the full batch,
+identically on every rank. That keeps every estimator exact however the batch is sharded (groups
+never need to stay on one rank) and makes 1 and N processes give the same numbers.
+
+FSDP2 averages gradients over ranks. Each micro-batch loss is already its share of the GLOBAL step
+loss (``losses``), so it is multiplied by the world size before ``backward`` to turn that average
+back into the sum.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from slime.backends.fsdp_utils import checkpoint, data_plan, forward, losses, model_io
+from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, token_mean_and_seq_sum
+from slime.backends.fsdp_utils.gather import all_gather_per_sample, sum_across_ranks
+from slime.utils.types import Sample
+
+
+def needs_reference(args) -> bool:
+    return args.kl_coef > 0 or args.use_kl_loss or getattr(args, "kl_ctrl", "fixed") == "adaptive"
+
+
+def _adamw(params, args, lr):
+    return torch.optim.AdamW(params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+                             weight_decay=args.weight_decay)
+
+
+class FSDPActor:
+    def __init__(self, args, rank: int, world_size: int):
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPActor needs torch.distributed initialised (launch.init_distributed or "
+                               "launch.ensure_single_process_group)")
+        self.args, self.rank, self.world_size = args, rank, world_size
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
+        self.mesh = model_io.make_mesh(world_size)
+        self.sft = args.loss_type == "sft_loss"
+        self.tokenizer = self._load_tokenizer(args.hf_checkpoint)
+
+        policy = model_io.load_causal_lm(args.hf_checkpoint, "--hf-checkpoint")
+        self.vocab_size = policy.config.vocab_size
+        self.pad_token_id = self._pad_id(policy.config)
+        self.model = model_io.shard(policy, self.mesh, model_io.decoder_layers(policy))
+        self.optimizer = _adamw(self.model.parameters(), args, args.lr)
+        self.optimizer_steps = 0
+
+        self.ref = None
+        if not self.sft and needs_reference(args):
+            self.ref = self._load_frozen(args.ref_load or args.hf_checkpoint, "--ref-load")
+        self.teacher = None
+        if not self.sft and args.use_opd and args.opd_type == "megatron":
+            self.teacher = self._load_frozen(args.opd_teacher_load, "--opd-teacher-load")
+        self.critic = self.critic_optimizer = None
+        if not self.sft and args.advantage_estimator == "ppo":
+            from slime.backends.fsdp_utils.critic import load_value_model
+
+            critic = load_value_model(args.critic_load or args.hf_checkpoint,
+                                      "--critic-load" if args.critic_load else "--hf-checkpoint")
+            self.critic = model_io.shard(critic, self.mesh, model_io.decoder_layers(critic.backbone))
+            self.critic_optimizer = _adamw(self.critic.parameters(), args, args.critic_lr or args.lr)
+
+    # ------------------------------------------------------------------ setup helpers
+    @staticmethod
+    def _load_tokenizer(path):
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):
+            return None  # a weights-only folder: checkpoints then carry no tokenizer
+
+    def _pad_id(self, config) -> int:
+        for candidate in (getattr(self.tokenizer, "pad_token_id", None), config.pad_token_id,
+                          getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(candidate, int):
+                return candidate
+        return 0  # padded positions are masked out of attention and never read
+
+    def _load_frozen(self, path, flag):
+        model = model_io.load_causal_lm(path, flag)
+        if model.config.vocab_size != self.vocab_size:
+            raise ValueError(f"{flag} {path!r} has vocab_size {model.config.vocab_size} but the policy has "
+                             f"{self.vocab_size}: it must share the policy's tokenizer to score its tokens")
+        return model_io.shard(model_io.frozen(model), self.mesh, model_io.decoder_layers(model))
+
+    # ------------------------------------------------------------------ scoring
+    def _log_probs(self, model, batch, with_entropy=False):
+        return forward.log_probs_and_entropy(model, batch, temperature=self.args.rollout_temperature,
+                                             pad_token_id=self.pad_token_id, device=self.device,
+                                             with_entropy=with_entropy)
+
+    @torch.no_grad()
+    def log_probs(self, samples: list[Sample], which: str = "policy") -> list[torch.Tensor]:
+        """Response-span log-probs of ``policy``, ``ref`` or ``teacher`` for ``samples``, all on this rank.
+
+        Runs ``ceil(len / micro_batch_size)`` forwards, so every rank must pass as many samples.
+        """
+        model = {"policy": self.model, "ref": self.ref, "teacher": self.teacher}[which]
+        if model is None:
+            raise ValueError(f"no {which} model is loaded in this trainer")
+        mbs = self.args.micro_batch_size
+        out = []
+        for start in range(0, len(samples), mbs):
+            out.extend(t.cpu() for t in self._log_probs(model, samples[start:start + mbs])[0])
+        return out
+
+    @torch.no_grad()
+    def _score_rollout(self, samples, owners, n_steps) -> dict[str, list[torch.Tensor]]:
+        """Old-policy, reference, teacher log-probs and critic values for the whole batch (gathered)."""
+        args = self.args
+        models = {}
+        if not args.use_rollout_logprobs:
+            models["old"] = self.model
+        if self.ref is not None:
+            models["ref"] = self.ref
+        if self.teacher is not None:
+            models["teacher"] = self.teacher
+        if self.critic is not None:
+            models["values"] = self.critic
+        self.model.eval()
+        local: dict[int, list[torch.Tensor]] = defaultdict(list)
+        plan = data_plan.plan_forward(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size)
+        for name, model in models.items():
+            for mb in plan:
+                batch = [samples[i] for i in mb.indices]
+                if name == "values":
+                    scores = forward.values(model, batch, pad_token_id=self.pad_token_id, device=self.device)
+                else:
+                    scores = self._log_probs(model, batch)[0]
+                if not mb.dummy:
+                    for i, score in zip(mb.indices, scores):
+                        local[i].append(score)
+        self.model.train()
+        gathered = all_gather_per_sample(local, owners, [s.response_length for s in samples], len(models),
+                                         self.device) if models else []
+        out = dict(zip(models, gathered))
+        if args.use_rollout_logprobs:
+            out["old"] = [self._sample_field(s, "rollout_log_probs", "--use-rollout-logprobs") for s in samples]
+        if args.use_opd and args.opd_type == "sglang":
+            out["teacher"] = [None if s.teacher_log_probs is None else torch.tensor(s.teacher_log_probs)
+                              for s in samples]
+        return out
+
+    @staticmethod
+    def _sample_field(sample, name, flag):
+        value = getattr(sample, name)
+        if value is None or len(value) != sample.response_length:
+            raise ValueError(f"{flag}: sample {sample.index} has no {name} of response length "
+                             f"{sample.response_length}")
+        return torch.tensor(value, dtype=torch.float32)
+
+    # ------------------------------------------------------------------ training
+    def train(self, rollout_id: int, samples: list[Sample], kl_coef: float) -> dict:
+        """One rollout's updates; returns metrics (identical on every rank)."""
+        args = self.args
+        for sample in samples:
+            sample.validate()
+        n_steps = args.num_steps_per_rollout
+        steps = data_plan.plan_steps(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size)
+        owners = data_plan.owners(len(samples), n_steps, self.world_size)
+        masks = [torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * s.response_length,
+                              dtype=torch.float32) for s in samples]
+        rollout_metrics: dict = {"train/samples": float(len(samples)), "rollout_id": rollout_id}
+        per_sample = None
+        if not self.sft:
+            scores = self._score_rollout(samples, owners, n_steps)
+            data = RolloutTensors(rewards=[s.get_reward_value(args) for s in samples], loss_masks=masks,
+                                  old_log_probs=scores["old"], ref_log_probs=scores.get("ref"),
+                                  teacher_log_probs=scores.get("teacher"), values=scores.get("values"))
+            result = compute_advantages(args, data, kl_coef)
+            per_sample = {"old": data.old_log_probs, "ref": data.ref_log_probs, "adv": result.advantages,
+                          "values": data.values, "returns": result.returns}
+            rollout_metrics.update(self._rollout_kl_metrics(data, result, masks))
+
+        per_step = [self._train_step(samples, step, masks, per_sample) for step in steps]
+        metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
+        metrics.update(rollout_metrics)
+        metrics["train/num_steps"] = len(per_step)
+        metrics["per_step"] = per_step
+        return metrics
+
+    def _rollout_kl_metrics(self, data, result, masks) -> dict:
+        out = {"advantages/mean": float(sum(float((a * m).sum()) for a, m in zip(result.advantages, masks))
+                                        / max(float(sum(float(m.sum()) for m in masks)), 1.0))}
+        if data.ref_log_probs is not None:
+            # k1 (the sampled log-ratio) is the KL the controller measures, whatever --kl-loss-type is.
+            log_ratio = [old - ref for old, ref in zip(data.old_log_probs, data.ref_log_probs)]
+            out["kl/observed_token_mean"], out["kl/observed_seq_sum"] = token_mean_and_seq_sum(log_ratio, masks)
+            out["kl/reward_kl_token_mean"] = token_mean_and_seq_sum(result.reward_kl, masks)[0]
+        if result.opd_reverse_kl is not None:
+            out["opd/reverse_kl"], out["opd/reverse_kl_seq_sum"] = token_mean_and_seq_sum(result.opd_reverse_kl,
+                                                                                          masks)
+            out["per_sample_opd_kl"] = [kl.tolist() for kl in result.opd_reverse_kl]
+        return out
+
+    def _train_step(self, samples, step: data_plan.StepPlan, masks, per_sample) -> dict:
+        args = self.args
+        step_masks = [masks[i] for i in step.global_indices]
+        agg = losses.make_aggregator(args, step_masks)
+        sums: dict[str, float] = defaultdict(float)
+        self.model.train()
+        for mb in step.micro_batches:
+            batch = [samples[i] for i in mb.indices]
+            mb_masks = [masks[i].to(self.device) for i in mb.indices]
+
+            def pick(key, mb=mb):
+                return None if per_sample[key] is None else [per_sample[key][i].to(self.device) for i in mb.indices]
+
+            log_probs, entropies = self._log_probs(self.model, batch, with_entropy=not self.sft)
+            if mb.dummy:
+                loss, mb_metrics = log_probs[0].sum() * 0.0, {}
+            elif self.sft:
+                loss, mb_metrics = losses.sft_loss(agg, log_probs, mb_masks)
+            else:
+                loss, mb_metrics = losses.policy_loss(args, agg, log_probs=log_probs, entropies=entropies,
+                                                      old_log_probs=pick("old"), advantages=pick("adv"),
+                                                      masks=mb_masks, ref_log_probs=pick("ref"))
+            (loss * self.world_size).backward()
+            if self.critic is not None:
+                new_values = forward.values(self.critic, batch, pad_token_id=self.pad_token_id, device=self.device)
+                if mb.dummy:
+                    vloss, v_metrics = new_values[0].sum() * 0.0, {}
+                else:
+                    vloss, v_metrics = losses.value_loss(args, agg, values=new_values, old_values=pick("values"),
+                                                         returns=pick("returns"), masks=mb_masks)
+                (vloss * self.world_size).backward()
+                mb_metrics.update(v_metrics)
+            for key, value in mb_metrics.items():
+                sums[key] += value
+        # Every rank must report the same keys for the all-reduce, including ranks with only dummies.
+        keys = ["loss"] if self.sft else ["loss", "pg_loss", "pg_clipfrac", "entropy", "ppo_kl"] + \
+            (["kl_loss"] if args.use_kl_loss else []) + \
+            (["critic/value_loss", "critic/value_clipfrac"] if self.critic is not None else [])
+        metrics = sum_across_ranks({k: sums.get(k, 0.0) for k in keys}, self.device)
+        metrics["grad_norm"] = self._step_optimizer(self.model, self.optimizer)
+        if self.critic is not None:
+            metrics["critic/grad_norm"] = self._step_optimizer(self.critic, self.critic_optimizer)
+        self.optimizer_steps += 1
+        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["train/tokens"] = float(sum(float(m.sum()) for m in step_masks))
+        return metrics
+
+    def _step_optimizer(self, model, optimizer) -> float:
+        max_norm = self.args.clip_grad if self.args.clip_grad and self.args.clip_grad > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str) -> None:
+        checkpoint.save(self, path)
+
+    def load(self, path: str) -> None:
+        checkpoint.load(self, path)
+
+    def export_hf(self, path: str) -> None:
+        checkpoint.export_hf(self, path)

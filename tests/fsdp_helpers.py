@@ -1,0 +1,79 @@
+"""Shared fixtures for the FSDP trainer tests: tiny checkpoints, args, synthetic samples, spawned workers.
+
+Worker functions live here (a module, not a test file) so spawned processes can import them by name.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from slime.utils.arguments import get_parser, validate_args
+from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
+from slime.utils.types import Sample
+
+N_PROMPTS, GROUP = 4, 2
+
+
+def make_checkpoint(path, seed=0):
+    return str(save_tiny_checkpoint(path, hidden_size=32, num_layers=2, num_heads=2, seed=seed))
+
+
+def make_args(ckpt, *extra, **overrides):
+    argv = ["--hf-checkpoint", ckpt, "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt", str(GROUP),
+            "--micro-batch-size", "2", "--lr", "1e-3", "--rollout-temperature", "0.8", *extra]
+    args = get_parser().parse_args(argv)
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return validate_args(args)
+
+
+def make_samples(seed=0, n=N_PROMPTS * GROUP, with_teacher=False, with_rollout_lp=False) -> list[Sample]:
+    """Samples with varied prompt/response lengths, a masked observation span and group rewards."""
+    tok = build_tokenizer()
+    rng = random.Random(seed)
+    samples = []
+    for i in range(n):
+        prompt = tok.encode("Q" + "ab"[i % 2] * rng.randint(1, 4) + ":")
+        sample = Sample(group_index=i // GROUP, index=i, prompt="", tokens=list(prompt), reward=float(rng.random()))
+        lengths = (rng.randint(2, 5), rng.randint(1, 3), rng.randint(1, 4))
+        for part, n_tok in enumerate(lengths):
+            ids = [rng.randrange(3, len(tok)) for _ in range(n_tok)]
+            trainable = part != 1  # the middle span plays an environment observation
+            sample.append_response_tokens(tokens=ids, trainable=trainable,
+                                          log_probs=[-1.0 - 0.1 * j for j in range(n_tok)] if trainable else None)
+        if with_teacher:
+            sample.teacher_log_probs = [-0.5 - 0.05 * j for j in range(sample.response_length)]
+        if not with_rollout_lp:
+            sample.rollout_log_probs = None
+        samples.append(sample)
+    return samples
+
+
+def weights(actor) -> dict[str, torch.Tensor]:
+    from slime.backends.fsdp_utils.model_io import full_model_state
+
+    return {k: v.clone() for k, v in full_model_state(actor.model).items()}
+
+
+def scalar_metrics(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, float)}
+
+
+# ---------------------------------------------------------------------------- spawned workers
+def worker_train(rank, world_size, ckpt, teacher, argv, n_rollouts, save_to=None):
+    """Build a trainer from ``argv`` and train ``n_rollouts`` rollouts; rank 0 returns metrics and weights."""
+    from slime.backends.fsdp_utils.actor import FSDPActor
+
+    args = make_args(ckpt, *argv, **({"opd_teacher_load": teacher} if teacher else {}))
+    actor = FSDPActor(args, rank, world_size)
+    history = [actor.train(r, make_samples(seed=r, with_teacher=True), kl_coef=args.kl_coef)
+               for r in range(n_rollouts)]
+    final = weights(actor)
+    if save_to:
+        actor.save(save_to)
+    if rank == 0:
+        return {"metrics": [scalar_metrics(m) for m in history], "weights": final,
+                "opd": [m.get("per_sample_opd_kl") for m in history]}
+    return None
