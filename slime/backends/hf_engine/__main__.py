@@ -1,0 +1,55 @@
+"""Start the engine: ``python -m slime.backends.hf_engine --model-path DIR --port P``.
+
+Flag names follow ``sglang.launch_server`` where the two overlap (--model-path, --tokenizer-path,
+--host, --port, --dtype, --random-seed, --max-prefill-tokens), so launch scripts read alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aiohttp import web
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="SGLang-protocol HTTP server on transformers (CPU and tests)")
+    p.add_argument("--model-path", required=True, help="HF folder with the model (safetensors) and tokenizer")
+    p.add_argument("--tokenizer-path", default=None, help="default: --model-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--max-batch-size", type=int, default=64, help="rows decoded together")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="padded tokens per prefill / scoring forward")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--random-seed", type=int, default=0, help="seeds requests that bring no sampling_seed")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    if args.max_batch_size < 1 or args.max_prefill_tokens < 1:
+        p.error("--max-batch-size and --max-prefill-tokens must be >= 1")
+    return args
+
+
+def build(args):
+    from slime.backends.hf_engine.model_runner import ModelRunner
+    from slime.backends.hf_engine.scheduler import Scheduler
+    from slime.backends.hf_engine.server import make_app
+
+    runner = ModelRunner(args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device)
+    scheduler = Scheduler(runner, max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
+                          seed=args.random_seed)
+    scheduler.start()
+    return make_app(runner, scheduler)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s hf_engine %(levelname)s %(message)s")
+    app = build(args)
+    logging.getLogger("hf_engine").info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

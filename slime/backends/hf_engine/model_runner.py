@@ -1,0 +1,167 @@
+"""The transformers model behind the engine: batched scoring, prefill and one-step decode.
+
+Batches are left-padded: every row ends in the last column, so a decode step feeds one column for all
+rows. Each row carries its own position ids (count of real tokens before it), and the 2-D attention
+mask hides the padding, so a row's numbers do not depend on what else is in the batch (up to float
+rounding). The KV cache is a transformers ``DynamicCache`` whose per-layer tensors this module pads,
+concatenates and slices when rows join or leave a running batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int):
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class DecodeBatch:
+    """Rows being decoded together: their KV cache, attention mask and next position ids."""
+
+    cache: object  # transformers DynamicCache, tensors [B, heads, T, head_dim]
+    mask: torch.Tensor  # [B, T] 1 = real token
+    next_pos: torch.Tensor  # [B] position id of the token fed at the next step
+
+    @property
+    def size(self) -> int:
+        return self.mask.shape[0]
+
+    def _layers(self):
+        return self.cache.layers
+
+    def merge(self, other: "DecodeBatch") -> None:
+        """Append ``other``'s rows, left-padding whichever side is shorter."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad(t, dim_from_end):
+            missing = width - t.shape[-dim_from_end]
+            if missing == 0:
+                return t
+            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
+            return F.pad(t, spec)
+
+        for mine, theirs in zip(self._layers(), other._layers()):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
+        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in this order) and drop columns that are padding for every remaining row."""
+        index = torch.tensor(rows, dtype=torch.long)
+        self.mask = self.mask.index_select(0, index)
+        self.next_pos = self.next_pos.index_select(0, index)
+        used = self.mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else self.mask.shape[1]
+        for layer in self._layers():
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+        self.mask = self.mask[:, first:]
+
+
+class ModelRunner:
+    """Owns the model and tokenizer; every method runs on the engine's worker thread."""
+
+    def __init__(self, model_path: str, *, tokenizer_path: str | None = None, dtype: str = "float32",
+                 device: str = "cpu"):
+        from transformers import AutoTokenizer
+
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype)
+        self.tokenizer_path = tokenizer_path or model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.model_path = model_path
+        self.model = self._load(model_path)
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id or 0
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.context_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        # transformers 5 renamed the cache argument; older releases take past_key_values.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def _load(self, path: str):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, use_safetensors=True)
+        return model.to(self.device).eval()
+
+    def load_weights(self, path: str) -> None:
+        """Replace the weights with the checkpoint at ``path`` (same architecture and vocabulary)."""
+        model = self._load(path)
+        if int(model.config.vocab_size) != self.vocab_size:
+            raise ValueError(f"{path}: vocab_size {model.config.vocab_size} differs from the served "
+                             f"model's {self.vocab_size}")
+        self.model = model
+        self.model_path = path
+
+    # ------------------------------------------------------------------ forwards
+    @torch.inference_mode()
+    def score(self, seqs: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+        """Log-probs of tokens ``start+1 .. end`` of each sequence (from one batched forward)."""
+        ids, mask = _left_pad(seqs, self.pad_id)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                            position_ids=_positions(mask).to(self.device), use_cache=False).logits
+        width = ids.shape[1]
+        return [self._span_logprobs(logits[i], ids[i], width - len(s), start)
+                for i, (s, start) in enumerate(zip(seqs, starts))]
+
+    @staticmethod
+    def _span_logprobs(row_logits, row_ids, offset: int, start: int) -> torch.Tensor:
+        # Token j (j > start) is predicted by the logits at j - 1; offset skips the left padding.
+        lo, hi = offset + start, row_ids.shape[0] - 1
+        if hi <= lo:
+            return torch.empty(0)
+        logp = torch.log_softmax(row_logits[lo:hi].float(), dim=-1)
+        return logp.gather(-1, row_ids[lo + 1:hi + 1, None].to(logp.device)).squeeze(-1).cpu()
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[list[int]], starts: list[int | None]):
+        """Run prompts, returning (DecodeBatch, last-position logits [B, V], input log-probs per row).
+
+        ``starts[i]`` is None when row i needs no input log-probs; full-sequence logits are only
+        materialised when some row asks for them.
+        """
+        ids, mask = _left_pad(seqs, self.pad_id)
+        need_all = any(s is not None for s in starts)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         position_ids=_positions(mask).to(self.device), use_cache=True,
+                         logits_to_keep=0 if need_all else 1)
+        width = ids.shape[1]
+        input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(s), start)
+                     for i, (s, start) in enumerate(zip(seqs, starts))]
+        batch = DecodeBatch(cache=out.past_key_values, mask=mask,
+                            next_pos=torch.tensor([len(s) for s in seqs], dtype=torch.long))
+        return batch, out.logits[:, -1, :], input_lps
+
+    @torch.inference_mode()
+    def decode(self, batch: DecodeBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row; returns next-token logits [B, V] and grows the batch's cache."""
+        batch.mask = torch.cat([batch.mask, torch.ones((batch.size, 1), dtype=batch.mask.dtype)], dim=1)
+        out = self.model(input_ids=tokens.view(-1, 1).to(self.device), attention_mask=batch.mask.to(self.device),
+                         position_ids=batch.next_pos.view(-1, 1).to(self.device), use_cache=True,
+                         **{self._cache_kw: batch.cache})
+        batch.cache = out.past_key_values
+        batch.next_pos = batch.next_pos + 1
+        return out.logits[:, -1, :]

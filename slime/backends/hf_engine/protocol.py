@@ -1,0 +1,293 @@
+"""Parsing and validation of SGLang's ``/generate`` request, and the shape of its response.
+
+A request body becomes a list of :class:`GenerateRequest` (one per prompt) plus a flag saying whether
+the caller sent a batch (then the reply is a list). Every rejection raises :class:`ProtocolError`,
+whose message names the offending field; the server turns it into HTTP 400.
+
+Defaults follow SGLang's ``SamplingParams`` / ``GenerateReqInput``: temperature 1, top_p 1, top_k -1
+(whole vocabulary), max_new_tokens 128, skip_special_tokens true, logprob_start_len -1 (only the last
+prompt token). Temperatures below 1e-6 mean greedy decoding, as in SGLang.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: below it, sampling turns into argmax
+
+# SGLang sampling parameters this engine does not implement. They are accepted at their neutral value
+# (so clients that always send them keep working) and rejected otherwise, rather than silently ignored.
+_NEUTRAL_UNSUPPORTED = {
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "custom_params": None,
+    "logit_bias": None,
+    "stream_interval": None,
+    "spaces_between_special_tokens": True,
+}
+_SUPPORTED = {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids",
+              "skip_special_tokens", "no_stop_trim", "ignore_eos", "sampling_seed", "seed"}
+_TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+              "return_text_in_logprobs", "stream", "top_logprobs_num", "prompt"}
+
+
+class ProtocolError(ValueError):
+    """A malformed request; the message names the field."""
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS or self.top_k == 1
+
+
+@dataclass
+class GenerateRequest:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # resolved to an index in [0, len(input_ids)) by parse_generate
+    return_text_in_logprobs: bool = False
+
+    @property
+    def score_only(self) -> bool:
+        return self.sampling.max_new_tokens == 0
+
+
+# ---------------------------------------------------------------------------- field checks
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(name, v, *, low=None, high=None, low_open=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ProtocolError(f"{name} must be a number, got {v!r}")
+    v = float(v)
+    if low is not None and (v < low or (low_open and v == low)):
+        raise ProtocolError(f"{name} must be {'>' if low_open else '>='} {low}, got {v}")
+    if high is not None and v > high:
+        raise ProtocolError(f"{name} must be <= {high}, got {v}")
+    return v
+
+
+def _integer(name, v, *, low=None):
+    if not _is_int(v):
+        raise ProtocolError(f"{name} must be an integer, got {v!r}")
+    if low is not None and v < low:
+        raise ProtocolError(f"{name} must be >= {low}, got {v}")
+    return v
+
+
+def _boolean(name, v):
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{name} must be true or false, got {v!r}")
+    return v
+
+
+def parse_sampling_params(raw, where: str = "sampling_params") -> SamplingParams:
+    if raw is None:
+        return SamplingParams()
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
+    out = SamplingParams()
+    for key, value in raw.items():
+        name = f"{where}.{key}"
+        if key in _NEUTRAL_UNSUPPORTED:
+            if value is not None and value != _NEUTRAL_UNSUPPORTED[key]:
+                raise ProtocolError(f"{name}={value!r} is not supported by hf_engine (only its neutral "
+                                    f"value {_NEUTRAL_UNSUPPORTED[key]!r})")
+            continue
+        if key not in _SUPPORTED:
+            raise ProtocolError(f"{name} is not a known sampling parameter")
+        if value is None:
+            continue  # SGLang treats an explicit null as "use the default"
+        if key == "temperature":
+            out.temperature = _number(name, value, low=0.0)
+        elif key == "top_p":
+            out.top_p = _number(name, value, low=0.0, high=1.0, low_open=True)
+        elif key == "top_k":
+            out.top_k = _integer(name, value)
+            if out.top_k == 0 or out.top_k < -1:
+                raise ProtocolError(f"{name} must be -1 (no limit) or >= 1, got {value}")
+        elif key == "max_new_tokens":
+            out.max_new_tokens = _integer(name, value, low=0)
+        elif key == "stop":
+            stops = [value] if isinstance(value, str) else value
+            if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+                raise ProtocolError(f"{name} must be a non-empty string or a list of non-empty strings")
+            out.stop = list(stops)
+        elif key == "stop_token_ids":
+            if not isinstance(value, list) or not all(_is_int(t) for t in value):
+                raise ProtocolError(f"{name} must be a list of integers")
+            out.stop_token_ids = list(value)
+        elif key in ("skip_special_tokens", "no_stop_trim", "ignore_eos"):
+            setattr(out, key, _boolean(name, value))
+        elif key in ("sampling_seed", "seed"):
+            out.seed = _integer(name, value)
+    return out
+
+
+# ---------------------------------------------------------------------------- the request body
+def _per_item(body: dict, key: str, n: int, batched: bool, default):
+    """SGLang lets per-request fields be a scalar (shared) or, for a batch, a list with one per prompt."""
+    value = body.get(key, default)
+    if batched and isinstance(value, list) and key != "stop":
+        if len(value) != n:
+            raise ProtocolError(f"{key} is a list of {len(value)} entries for a batch of {n} prompts")
+        return value
+    return [value] * n
+
+
+def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[list[GenerateRequest], bool]:
+    """Validate a /generate body. Returns (requests, batched)."""
+    if not isinstance(body, dict):
+        raise ProtocolError("request body must be a JSON object")
+    unknown = sorted(set(body) - _TOP_LEVEL)
+    if unknown:
+        raise ProtocolError(f"unknown field(s) {unknown}")
+    if body.get("stream"):
+        raise ProtocolError("stream=true is not supported by hf_engine")
+    if body.get("top_logprobs_num"):
+        raise ProtocolError("top_logprobs_num is not supported by hf_engine")
+    text = body.get("text", body.get("prompt"))
+    ids = body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise ProtocolError("exactly one of text or input_ids is required")
+
+    if ids is not None:
+        batched = isinstance(ids, list) and len(ids) > 0 and isinstance(ids[0], list)
+        prompts = ids if batched else [ids]
+        for i, p in enumerate(prompts):
+            where = f"input_ids[{i}]" if batched else "input_ids"
+            if not isinstance(p, list) or not p:
+                raise ProtocolError(f"{where} must be a non-empty list of token ids")
+            bad = [t for t in p if not _is_int(t) or not 0 <= t < vocab_size]
+            if bad:
+                raise ProtocolError(f"{where} holds {bad[0]!r}, not a token id in [0, {vocab_size})")
+    else:
+        batched = isinstance(text, list)
+        texts = text if batched else [text]
+        if batched and not texts:
+            raise ProtocolError("text is an empty list")
+        if not all(isinstance(t, str) for t in texts):
+            raise ProtocolError("text must be a string or a list of strings")
+        prompts = [tokenizer(t)["input_ids"] for t in texts]
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ProtocolError(f"text[{i}] tokenizes to nothing" if batched else "text tokenizes to nothing")
+    n = len(prompts)
+
+    raw_params = body.get("sampling_params")
+    if batched and isinstance(raw_params, list):
+        if len(raw_params) != n:
+            raise ProtocolError(f"sampling_params is a list of {len(raw_params)} entries for {n} prompts")
+        params = [parse_sampling_params(p, f"sampling_params[{i}]") for i, p in enumerate(raw_params)]
+    else:
+        # Parsed once per prompt so that no two requests share (and mutate) one object.
+        params = [parse_sampling_params(raw_params) for _ in range(n)]
+
+    rids = _per_item(body, "rid", n, batched, None)
+    want_lp = _per_item(body, "return_logprob", n, batched, False)
+    starts = _per_item(body, "logprob_start_len", n, batched, -1)
+    want_text = _per_item(body, "return_text_in_logprobs", n, batched, False)
+
+    requests = []
+    for i in range(n):
+        sfx = f"[{i}]" if batched else ""
+        prompt = [int(t) for t in prompts[i]]
+        if len(prompt) >= context_len:
+            raise ProtocolError(f"input_ids{sfx} has {len(prompt)} tokens; the model's context is {context_len}")
+        start = _integer(f"logprob_start_len{sfx}", starts[i] if starts[i] is not None else -1, low=-1)
+        if start == -1:
+            start = len(prompt) - 1
+        if start >= len(prompt):
+            raise ProtocolError(f"logprob_start_len{sfx}={start} must be < the prompt length {len(prompt)}")
+        rid = rids[i] if rids[i] is not None else uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise ProtocolError(f"rid{sfx} must be a string")
+        requests.append(GenerateRequest(
+            rid=rid, input_ids=prompt, sampling=params[i],
+            return_logprob=_boolean(f"return_logprob{sfx}", False if want_lp[i] is None else want_lp[i]),
+            logprob_start_len=start,
+            return_text_in_logprobs=_boolean(f"return_text_in_logprobs{sfx}", want_text[i] or False),
+        ))
+    return requests, batched
+
+
+# ---------------------------------------------------------------------------- the response
+@dataclass
+class GenerateResult:
+    """What the scheduler hands back for one request."""
+
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float] | None = None  # for prompt tokens start+1 .. end (start's entry is null)
+    finish_reason: dict = field(default_factory=dict)
+    latency_s: float = 0.0
+
+
+def finish_stop(matched) -> dict:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_length(length: int) -> dict:
+    return {"type": "length", "length": length}
+
+
+def finish_abort(message: str) -> dict:
+    return {"type": "abort", "message": message}
+
+
+def build_response(req: GenerateRequest, result: GenerateResult, tokenizer) -> dict:
+    """SGLang's /generate reply for one prompt."""
+    sp = req.sampling
+    text_ids = result.output_ids
+    finish = result.finish_reason
+    matched = finish.get("matched")
+    # SGLang trims the matched stop from the text (not from output_ids) unless no_stop_trim is set.
+    if not sp.no_stop_trim and finish.get("type") == "stop" and _is_int(matched) and text_ids:
+        text_ids = text_ids[:-1]
+    text = tokenizer.decode(text_ids, skip_special_tokens=sp.skip_special_tokens)
+    if not sp.no_stop_trim and isinstance(matched, str):
+        cut = text.find(matched)
+        if cut >= 0:
+            text = text[:cut]
+    meta = {
+        "id": req.rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(result.output_ids),
+        "cached_tokens": 0,
+        "e2e_latency": result.latency_s,
+    }
+    if req.return_logprob:
+        def piece(tid):
+            return tokenizer.decode([tid]) if req.return_text_in_logprobs else None
+
+        span = req.input_ids[req.logprob_start_len:]
+        values = [None] + list(result.input_logprobs or [])
+        meta["input_token_logprobs"] = [[v, t, piece(t)] for v, t in zip(values, span)]
+        meta["output_token_logprobs"] = [[v, t, piece(t)] for v, t in zip(result.output_logprobs, result.output_ids)]
+    return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}

@@ -1,0 +1,282 @@
+"""Continuous batching on a worker thread, so the aiohttp event loop never waits on the model.
+
+Work arrives in FIFO order. Each loop turn the worker (1) runs every waiting score-only request
+(``max_new_tokens: 0``) in as few batched forwards as the token budget allows, (2) prefills waiting
+generation requests as one group and merges them into the running batch (up to ``max_batch_size``
+rows), (3) decodes one token for every running row. Rows leave the batch as soon as they finish.
+
+A weight update is a barrier in the queue: requests that arrived before it finish on the old weights
+(the worker stops admitting and drains the running batch first); requests after it see the new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from slime.backends.hf_engine.protocol import (GenerateRequest, GenerateResult, finish_abort, finish_length,
+                                               finish_stop)
+from slime.backends.hf_engine.sampling import make_generator, sample_next
+
+logger = logging.getLogger(__name__)
+
+
+def _resolve(loop, future, value=None, error=None):
+    """Complete an asyncio future from the worker thread; a cancelled one (client gone) is left alone."""
+    def done():
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    loop.call_soon_threadsafe(done)
+
+
+@dataclass
+class _Job:
+    req: GenerateRequest
+    loop: object
+    future: object
+    generator: torch.Generator
+    started: float = field(default_factory=time.perf_counter)
+    result: GenerateResult = field(default_factory=GenerateResult)
+    abort_message: str | None = None
+
+
+@dataclass
+class _Barrier:
+    kind: str  # "update_weights"
+    payload: dict
+    loop: object
+    future: object
+
+
+class Scheduler:
+    def __init__(self, runner, *, max_batch_size: int = 64, max_prefill_tokens: int = 16384,
+                 batch_wait_s: float = 0.002, seed: int = 0):
+        self.runner = runner
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.batch_wait_s = batch_wait_s
+        self._seeds = random.Random(seed)  # seeds requests that bring none
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: deque = deque()
+        self._running: list[_Job] = []
+        self._batch = None
+        self._last_tokens = torch.empty(0, dtype=torch.long)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="hf-engine-worker", daemon=True)
+
+    # ------------------------------------------------------------------ called from the event loop
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stopped = True
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, req: GenerateRequest, loop, future) -> None:
+        seed = req.sampling.seed if req.sampling.seed is not None else self._seeds.getrandbits(63)
+        self._inbox.put(_Job(req, loop, future, make_generator(seed)))
+
+    def submit_update_weights(self, model_path: str, loop, future) -> None:
+        self._inbox.put(_Barrier("update_weights", {"model_path": model_path}, loop, future))
+
+    def abort(self, rid: str | None) -> None:
+        """Abort one request by rid, or every request when rid is None."""
+        self._inbox.put(("abort", rid))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ worker thread
+    def _drain(self, block: bool) -> None:
+        items = []
+        if block:
+            items.append(self._inbox.get())
+            # Concurrent clients arrive a few hundred microseconds apart: a short wait lets one forward
+            # take them all instead of starting with a batch of one.
+            deadline = time.perf_counter() + self.batch_wait_s
+            while time.perf_counter() < deadline:
+                try:
+                    items.append(self._inbox.get(timeout=max(0.0, deadline - time.perf_counter())))
+                except queue.Empty:
+                    break
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for item in items:
+            if item is None:
+                continue
+            if isinstance(item, tuple) and item[0] == "abort":
+                self._mark_aborted(item[1])
+            else:
+                self._waiting.append(item)
+
+    def _mark_aborted(self, rid):
+        for job in list(self._waiting) + self._running:
+            if isinstance(job, _Job) and (rid is None or job.req.rid == rid):
+                job.abort_message = "aborted by /abort_request"
+
+    def _loop(self):
+        while not self._stopped:
+            try:
+                self._drain(block=not self._running and not self._waiting)
+                if self._stopped:
+                    break
+                self._step()
+            except Exception as err:  # keep serving: fail the requests involved, not the server
+                logger.exception("engine step failed")
+                self._fail_all(err)
+
+    def _fail_all(self, err):
+        for job in self._running:
+            _resolve(job.loop, job.future, error=err)
+        self._running, self._batch = [], None
+        self._last_tokens = torch.empty(0, dtype=torch.long)
+
+    def _step(self):
+        # Answer aborted waiting jobs right away; they never reach the model.
+        for job in [j for j in self._waiting if isinstance(j, _Job) and j.abort_message]:
+            self._waiting.remove(job)
+            job.result.finish_reason = finish_abort(job.abort_message)
+            self._reply(job)
+        if self._waiting and isinstance(self._waiting[0], _Barrier):
+            if not self._running:
+                self._run_barrier(self._waiting.popleft())
+                return
+        else:
+            segment = []
+            for item in self._waiting:
+                if isinstance(item, _Barrier):
+                    break
+                segment.append(item)
+            self._run_scoring([j for j in segment if j.req.score_only])
+            self._admit([j for j in segment if not j.req.score_only])
+        if self._running:
+            self._decode_step()
+
+    def _run_barrier(self, barrier: _Barrier):
+        path = barrier.payload["model_path"]
+        try:
+            self.runner.load_weights(path)
+            reply = {"success": True, "message": f"weights loaded from {path}"}
+        except Exception as err:
+            reply = {"success": False, "message": f"failed to load weights from {path}: {err}"}
+        _resolve(barrier.loop, barrier.future, reply)
+
+    def _budget_groups(self, jobs, cost):
+        """Split jobs into groups whose padded token count stays within the prefill budget."""
+        group, longest = [], 0
+        for job in jobs:
+            c = cost(job)
+            if group and max(longest, c) * (len(group) + 1) > self.max_prefill_tokens:
+                yield group
+                group, longest = [], 0
+            group.append(job)
+            longest = max(longest, c)
+        if group:
+            yield group
+
+    def _run_scoring(self, jobs):
+        for job in jobs:
+            self._waiting.remove(job)
+        for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
+            lps = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group])
+            for job, lp in zip(group, lps):
+                job.result.input_logprobs = lp.tolist() if job.req.return_logprob else None
+                job.result.finish_reason = finish_length(0)
+                self._reply(job)
+
+    def _admit(self, jobs):
+        room = self.max_batch_size - len(self._running)
+        jobs = jobs[:max(0, room)]
+        if not jobs:
+            return
+        for job in jobs:
+            self._waiting.remove(job)
+        for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
+            starts = [j.req.logprob_start_len if j.req.return_logprob else None for j in group]
+            batch, logits, input_lps = self.runner.prefill([j.req.input_ids for j in group], starts)
+            for job, lp in zip(group, input_lps):
+                job.result.input_logprobs = lp.tolist() if lp is not None else None
+            tokens, keep = self._advance(group, logits)
+            if not keep:
+                continue
+            batch.keep(keep)
+            new_jobs = [group[i] for i in keep]
+            new_tokens = tokens[keep]
+            if self._batch is None:
+                self._batch, self._running, self._last_tokens = batch, new_jobs, new_tokens
+            else:
+                self._batch.merge(batch)
+                self._running = self._running + new_jobs
+                self._last_tokens = torch.cat([self._last_tokens, new_tokens])
+
+    def _decode_step(self):
+        logits = self.runner.decode(self._batch, self._last_tokens)
+        tokens, keep = self._advance(self._running, logits)
+        if len(keep) < len(self._running):
+            if keep:
+                self._batch.keep(keep)
+                self._running = [self._running[i] for i in keep]
+                self._last_tokens = tokens[keep]
+            else:
+                self._running, self._batch = [], None
+                self._last_tokens = torch.empty(0, dtype=torch.long)
+        else:
+            self._last_tokens = tokens
+
+    def _advance(self, jobs, logits):
+        """Sample one token for each job's row; finish the jobs that are done. Returns (tokens, kept rows)."""
+        tokens, logprobs = sample_next(logits, [j.req.sampling for j in jobs], [j.generator for j in jobs])
+        keep = []
+        for i, job in enumerate(jobs):
+            if job.future.cancelled():
+                continue  # the client went away: drop the row silently
+            if job.abort_message:
+                job.result.finish_reason = finish_abort(job.abort_message)
+                self._reply(job)
+                continue
+            token = int(tokens[i])
+            job.result.output_ids.append(token)
+            job.result.output_logprobs.append(float(logprobs[i]))
+            finish = self._finish_reason(job, token)
+            if finish is None:
+                keep.append(i)
+            else:
+                job.result.finish_reason = finish
+                self._reply(job)
+        return tokens, keep
+
+    def _finish_reason(self, job: _Job, token: int):
+        sp, out = job.req.sampling, job.result.output_ids
+        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.runner.eos_ids):
+            return finish_stop(token)
+        if sp.stop:
+            text = self.runner.tokenizer.decode(out, skip_special_tokens=sp.skip_special_tokens)
+            for stop in sp.stop:
+                if stop in text:
+                    return finish_stop(stop)
+        if len(out) >= sp.max_new_tokens:
+            return finish_length(sp.max_new_tokens)
+        if len(job.req.input_ids) + len(out) >= self.runner.context_len:
+            return finish_length(len(out))
+        return None
+
+    def _reply(self, job: _Job):
+        job.result.latency_s = time.perf_counter() - job.started
+        _resolve(job.loop, job.future, job.result)

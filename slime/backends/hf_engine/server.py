@@ -1,0 +1,164 @@
+"""The aiohttp application: SGLang's HTTP routes in front of the scheduler.
+
+Request handlers only parse, validate and wait on futures; the model runs on the scheduler's worker
+thread, so health checks and aborts are answered while a batch is decoding. Errors use SGLang's shape
+``{"error": {"message": ...}}``: 400 for a bad request (the message names the field), 500 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+from aiohttp import web
+
+from slime.backends.hf_engine.protocol import GenerateRequest, ProtocolError, SamplingParams, build_response, parse_generate
+
+logger = logging.getLogger(__name__)
+
+RUNNER = web.AppKey("runner", object)
+SCHEDULER = web.AppKey("scheduler", object)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+async def _json_body(request: web.Request):
+    try:
+        return await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ProtocolError(f"request body is not valid JSON: {err}") from None
+
+
+async def _run(app, reqs: list[GenerateRequest]):
+    loop = asyncio.get_running_loop()
+    futures = []
+    for req in reqs:
+        fut = loop.create_future()
+        app[SCHEDULER].submit(req, loop, fut)
+        futures.append(fut)
+    try:
+        return await asyncio.gather(*futures)
+    except asyncio.CancelledError:
+        # The client disconnected: cancelled futures make the worker drop their rows.
+        for fut in futures:
+            fut.cancel()
+        raise
+
+
+async def generate(request: web.Request) -> web.Response:
+    app, runner = request.app, request.app[RUNNER]
+    try:
+        body = await _json_body(request)
+        reqs, batched = parse_generate(body, runner.tokenizer, runner.vocab_size, runner.context_len)
+    except ProtocolError as err:
+        return _error(400, str(err))
+    results = await _run(app, reqs)
+    out = [build_response(r, res, runner.tokenizer) for r, res in zip(reqs, results)]
+    return web.json_response(out if batched else out[0])
+
+
+async def health(request: web.Request) -> web.Response:
+    if not request.app[SCHEDULER].alive:
+        return _error(503, "engine worker thread is not running")
+    return web.Response(text="")
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """Healthy only if one token can actually be generated (as SGLang checks)."""
+    runner = request.app[RUNNER]
+    probe = GenerateRequest(rid=f"health-{id(request)}", input_ids=[runner.pad_id],
+                            sampling=SamplingParams(temperature=0.0, max_new_tokens=1))
+    try:
+        await asyncio.wait_for(_run(request.app, [probe]), timeout=60)
+    except Exception as err:  # noqa: BLE001 - any failure means unhealthy
+        return _error(503, f"health generation failed: {err!r}")
+    return web.Response(text="")
+
+
+async def get_model_info(request: web.Request) -> web.Response:
+    runner = request.app[RUNNER]
+    return web.json_response({
+        "model_path": runner.model_path,
+        "tokenizer_path": runner.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        # Not in SGLang's reply: the OPD start-up check compares the teacher's vocabulary with the student's.
+        "vocab_size": len(runner.tokenizer),
+        "model_vocab_size": runner.vocab_size,
+    })
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    # There is no prefix cache to flush: every request is prefilled from scratch.
+    return web.Response(text="Cache flushed.")
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    try:
+        body = await _json_body(request)
+    except ProtocolError as err:
+        return web.json_response({"success": False, "message": str(err)}, status=400)
+    path = body.get("model_path") if isinstance(body, dict) else None
+    if not isinstance(path, str) or not path:
+        return web.json_response({"success": False, "message": "model_path (a folder) is required"}, status=400)
+    if not os.path.isdir(path):
+        return web.json_response({"success": False, "message": f"model_path {path!r} is not a folder"}, status=400)
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    request.app[SCHEDULER].submit_update_weights(path, loop, fut)
+    reply = await fut
+    return web.json_response(reply, status=200 if reply["success"] else 400)
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    try:
+        body = await _json_body(request)
+    except ProtocolError as err:
+        return _error(400, str(err))
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object")
+    rid = body.get("rid")
+    if body.get("abort_all") or rid in (None, ""):
+        request.app[SCHEDULER].abort(None)
+    elif isinstance(rid, str):
+        request.app[SCHEDULER].abort(rid)
+    else:
+        return _error(400, "rid must be a string")
+    return web.Response(text="")
+
+
+@web.middleware
+async def _errors(request, handler):
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:  # noqa: BLE001 - reported to the client, server keeps serving
+        logger.exception("request %s failed", request.path)
+        return _error(500, f"{type(err).__name__}: {err}")
+
+
+def make_app(runner, scheduler) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
+    app[RUNNER] = runner
+    app[SCHEDULER] = scheduler
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health_generate)
+    app.router.add_get("/get_model_info", get_model_info)
+    app.router.add_post("/flush_cache", flush_cache)
+    app.router.add_get("/flush_cache", flush_cache)
+    app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_post("/abort_request", abort_request)
+
+    async def on_cleanup(_app):
+        scheduler.stop()
+
+    app.on_cleanup.append(on_cleanup)
+    return app

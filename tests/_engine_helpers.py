@@ -1,0 +1,49 @@
+"""Test helpers: run an aiohttp app (the hf_engine, or a stub) on a background thread's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from aiohttp import web
+
+from slime.backends.sglang_utils.launcher import find_free_port
+
+
+class ThreadedApp:
+    """Serve ``app`` on 127.0.0.1:<free port> from a daemon thread until :meth:`stop`."""
+
+    def __init__(self, app: web.Application):
+        self.port = find_free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(app)
+        ready = threading.Event()
+
+        def serve():
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        ready.wait(30)
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+
+def start_hf_engine(model_path, **scheduler_kwargs) -> tuple[ThreadedApp, object]:
+    """The hf_engine in-process; returns (server, runner) so tests can reach the served model."""
+    from slime.backends.hf_engine.model_runner import ModelRunner
+    from slime.backends.hf_engine.scheduler import Scheduler
+    from slime.backends.hf_engine.server import make_app
+
+    runner = ModelRunner(str(model_path))
+    scheduler = Scheduler(runner, **scheduler_kwargs)
+    scheduler.start()
+    return ThreadedApp(make_app(runner, scheduler)), runner
