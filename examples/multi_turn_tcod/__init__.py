@@ -1,0 +1,1 @@
+"""TCOD multi-turn on-policy distillation example: environments, demo and GPU run scripts."""

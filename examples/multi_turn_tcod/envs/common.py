@@ -1,0 +1,237 @@
+"""Pieces every environment here shares: reading the task from a sample, and the puzzle episode loop.
+
+The environment contract (see README.md) is duck-typed: ``reset() -> str``, ``step(action) ->
+(observation, reward, done, info)``, ``close()``, optionally ``expert_actions()``. ``PuzzleEnv`` is not
+part of that contract; it only keeps the two built-in puzzles from writing the same bookkeeping twice.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+
+def sample_metadata(sample) -> dict[str, Any]:
+    """The task description of a sample: ``sample.metadata``, else a JSON object in ``sample.label``.
+
+    Accepts a ``Sample``, any object with those attributes, or a plain dict (a jsonl data row).
+    """
+    if isinstance(sample, dict):
+        metadata, label = sample.get("metadata"), sample.get("label")
+    else:
+        metadata, label = getattr(sample, "metadata", None), getattr(sample, "label", None)
+    metadata = dict(metadata or {})
+    if "env" not in metadata and isinstance(label, str) and label.lstrip().startswith("{"):
+        try:
+            metadata = {**json.loads(label), **metadata}
+        except json.JSONDecodeError as err:
+            raise ValueError(f"sample.label looks like a JSON task description but does not parse: {err}") from err
+    return metadata
+
+
+def int_param(metadata: dict, key: str, default: int | None, low: int, high: int | None = None) -> int:
+    """A bounded integer task parameter, with an error that names the field."""
+    value = metadata.get(key, default)
+    if value is None:
+        raise ValueError(f"task metadata needs {key!r} (got {metadata})")
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"task metadata {key!r} must be an integer, got {value!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"task metadata {key!r} must be {bound}, got {value}")
+    return value
+
+
+def task_rng(env_name: str, *parts) -> random.Random:
+    # A string seed goes through sha512 in random.Random, so the task does not depend on PYTHONHASHSEED
+    # or on the process: the same metadata gives the same task everywhere.
+    return random.Random(":".join([env_name, *map(str, parts)]))
+
+
+def require_data_dir(env_name: str, metadata: dict, env_var: str, how_to_get: str) -> Path:
+    """The folder of downloaded data (``metadata["data_dir"]``, else ``$ENV_VAR``), or a clear error.
+
+    Raised when the environment is built, so a run without the data stops at start-up and says what to
+    download and where to point, instead of failing every episode later.
+    """
+    folder = metadata.get("data_dir") or os.environ.get(env_var)
+    if not folder:
+        raise FileNotFoundError(
+            f"{env_name} needs data that is not part of this project and is never downloaded by it. "
+            f"{how_to_get} Then point at it: export {env_var}=/path/to/it (or set 'data_dir' in the "
+            f"task metadata)."
+        )
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{env_name} data folder {str(path)!r} (from {'metadata data_dir' if metadata.get('data_dir') else env_var}) "
+            f"does not exist. {how_to_get}"
+        )
+    return path
+
+
+def close_quietly(resource, close: Callable[[Any], None] | None = None) -> None:
+    """Close a resource that may already be broken (a crashed JVM, a dead game): nothing to free then."""
+    if resource is None:
+        return
+    try:
+        (close or (lambda r: r.close()))(resource)
+    except Exception:
+        pass
+
+
+def pick_params(env_name: str, seed: int, params: dict, keys) -> dict:
+    """Task metadata for the data generator: the env name, the seed and the parameters given."""
+    return {"env": env_name, "seed": seed, **{k: params[k] for k in keys if params.get(k) is not None}}
+
+
+class ResourcePool:
+    """Idle heavy resources (a JVM, a product catalogue) kept per process for the next episode.
+
+    Episodes run concurrently, so each takes its own resource; a finished episode gives it back, a
+    failed one discards it (its state is unknown). At most ``max_idle`` are kept; all close at exit.
+    """
+
+    def __init__(self, create: Callable[[], Any], close: Callable[[Any], None], max_idle: int = 8):
+        self._create, self._close, self.max_idle = create, close, max_idle
+        self._idle: list = []
+        self._lock = threading.Lock()
+        atexit.register(self.close_all)
+
+    def acquire(self):
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._create()
+
+    def release(self, resource) -> None:
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(resource)
+                return
+        self.discard(resource)
+
+    def discard(self, resource) -> None:
+        close_quietly(resource, self._close)
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for resource in idle:
+            self.discard(resource)
+
+
+def normalize_action(action: str) -> str:
+    """Lower-case, single-spaced, first line only: models often add trailing newlines or spaces."""
+    text = (action or "").strip().splitlines()
+    return " ".join(text[0].lower().split()) if text else ""
+
+
+class PuzzleEnv:
+    """Episode bookkeeping for deterministic puzzles that know their optimal distance to the goal.
+
+    Subclasses set ``name`` and implement ``_initial_state``, ``_parse`` (text -> move or None),
+    ``_apply`` (state, move -> new state or an error string), ``_distance`` (optimal moves left),
+    ``_solve`` (optimal move list from a state), ``_describe`` (the first observation) and
+    ``_observe`` (the per-turn observation), plus ``valid_actions_hint``.
+
+    Reward: 1.0 on the step that solves the task, else 0.0, plus ``shaping * (distance decrease)``
+    when the task metadata sets ``shaping`` (default 0: sparse). Every step, invalid ones included,
+    counts towards ``max_steps`` so an episode always ends.
+    """
+
+    name = "puzzle"
+    valid_actions_hint = ""
+
+    def __init__(self, metadata: dict):
+        self.metadata = dict(metadata)
+        self.shaping = float(self.metadata.get("shaping", 0.0))
+        self._start = self._initial_state()
+        self._expert = self._solve(self._start)
+        default_steps = 2 * len(self._expert) + 4
+        self.max_steps = int_param(self.metadata, "max_steps", default_steps, 1)
+        self.state = None
+        self.steps = 0
+        self.done = True
+
+    # --------------------------------------------------------------- contract
+    def reset(self) -> str:
+        self.state = self._start
+        self.steps = 0
+        self.done = False
+        return self._describe(self.state)
+
+    def step(self, action: str):
+        if self.state is None:
+            raise RuntimeError(f"{self.name}: step() called before reset()")
+        if self.done:
+            raise RuntimeError(f"{self.name}: step() called after the episode ended; call reset()")
+        self.steps += 1
+        info: dict[str, Any] = {"invalid_action": False, "success": False, "steps": self.steps}
+        move = self._parse(normalize_action(action))
+        reward = 0.0
+        if move is None:
+            info["invalid_action"] = True
+            shown = (action or "").strip()[:40]
+            observation = f"Invalid action '{shown}'. Valid actions: {self.valid_actions_hint}"
+        else:
+            before = self._distance(self.state)
+            result = self._apply(self.state, move)
+            if isinstance(result, str):  # well-formed but not possible here (wall, illegal move)
+                info["invalid_action"] = True
+                observation = f"{result}. {self._observe(self.state)}"
+            else:
+                self.state = result
+                reward += self.shaping * (before - self._distance(self.state))
+                observation = self._observe(self.state)
+        if self._distance(self.state) == 0:
+            info["success"] = True
+            reward += 1.0
+            self.done = True
+            observation = f"{observation} solved"
+        elif self.steps >= self.max_steps:
+            self.done = True
+            info["out_of_steps"] = True
+            observation = f"{observation} out of steps"
+        return observation, reward, self.done, info
+
+    def close(self) -> None:
+        self.state = None
+
+    def expert_actions(self) -> list[str]:
+        """The optimal action sequence from the reset state (the same for every call)."""
+        return list(self._expert)
+
+    def expert_action(self) -> str | None:
+        """The optimal next action from the current state (None when solved): a DAgger-style oracle."""
+        plan = self._solve(self.state if self.state is not None else self._start)
+        return plan[0] if plan else None
+
+    # --------------------------------------------------------------- to implement
+    def _initial_state(self):
+        raise NotImplementedError
+
+    def _parse(self, action: str):
+        raise NotImplementedError
+
+    def _apply(self, state, move):
+        raise NotImplementedError
+
+    def _distance(self, state) -> int:
+        raise NotImplementedError
+
+    def _solve(self, state) -> list[str]:
+        raise NotImplementedError
+
+    def _describe(self, state) -> str:
+        raise NotImplementedError
+
+    def _observe(self, state) -> str:
+        raise NotImplementedError
