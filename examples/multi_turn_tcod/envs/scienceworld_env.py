@@ -1,0 +1,125 @@
+"""ScienceWorld (pip ``scienceworld``, offline, runs a Java 17+ server) behind the environment contract.
+
+Task metadata: ``{"env": "scienceworld", "task": NAME (e.g. "find-non-living-thing"), "variation": int,
+"simplification": optional comma list (e.g. "easy"), "max_steps": optional}``; ``seed`` is accepted as
+the variation when ``variation`` is absent (the data generator numbers tasks by seed).
+
+* first observation: the task description, then the result of "look around";
+* reward: the change of ScienceWorld's 0..100 score divided by 100 (the rewards of an episode sum to
+  the final score / 100); ``info["score"]`` carries the raw score;
+* done: ScienceWorld's completed flag (task finished, failed with a negative score, or step limit);
+  success: score 100;
+* expert actions: ``get_gold_action_sequence()`` of the task (loaded with ``generateGoldPath=True``);
+* an unparseable action is ScienceWorld's own "No known action matches that input." observation with
+  ``info["invalid_action"] = True``;
+* anything that goes wrong inside ScienceWorld or its JVM is raised as ``ScienceWorldError`` naming the
+  task, so the agent loop can end that episode as FAILED.
+
+Starting a JVM takes seconds, so finished environments hand their JVM to a small per-process pool and
+the next episode reuses it; a JVM that raised is discarded, never reused.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .common import ResourcePool, int_param, sample_metadata
+
+NO_MATCH = "No known action matches that input."
+
+
+class ScienceWorldError(RuntimeError):
+    """ScienceWorld or its Java server failed; the episode cannot continue."""
+
+
+def _start_server():
+    try:
+        from scienceworld import ScienceWorldEnv
+    except ImportError as err:
+        raise ScienceWorldError("ScienceWorld is not installed: pip install scienceworld (or the project's "
+                                "[envs] extra); it also needs Java 17+ on PATH") from err
+    try:
+        return ScienceWorldEnv("", envStepLimit=100)
+    except Exception as err:
+        raise ScienceWorldError(f"could not start ScienceWorld's Java server ({type(err).__name__}: {err}); "
+                                "check that Java 17+ is installed (`java -version`)") from err
+
+
+SERVERS = ResourcePool(_start_server, lambda server: server.close(),
+                       max_idle=int(os.environ.get("SCIENCEWORLD_POOL_SIZE", "8")))
+
+
+class ScienceWorldTextEnv:
+    def __init__(self, metadata: dict):
+        self.task = metadata.get("task")
+        if not self.task:
+            raise ValueError(f"scienceworld task metadata needs 'task' (a ScienceWorld task name), got {metadata}")
+        self.variation = int_param(metadata, "variation", metadata.get("seed", 0), 0)
+        self.simplification = str(metadata.get("simplification", "") or "")
+        self.max_steps = metadata.get("max_steps")
+        self._server = None
+        self._gold: list[str] | None = None
+        self._score = 0
+
+    def _fail(self, what: str, err: Exception):
+        # Drop the server: after an exception its JVM state is unknown (or the JVM is gone).
+        server, self._server = self._server, None
+        if server is not None:
+            SERVERS.discard(server)
+        raise ScienceWorldError(
+            f"ScienceWorld task {self.task!r} variation {self.variation}: {what} failed with "
+            f"{type(err).__name__}: {err} (the Java server may have crashed; this episode cannot continue)"
+        ) from err
+
+    def reset(self) -> str:
+        if self._server is None:
+            self._server = SERVERS.acquire()
+        try:
+            self._server.load(self.task, self.variation, self.simplification, generateGoldPath=True)
+            gold = list(self._server.get_gold_action_sequence())
+            self._gold = None if (not gold or gold[0].startswith("ERROR")) else gold
+            limit = self.max_steps or max(100, 2 * len(self._gold or []))
+            self._server.envStepLimit = int(limit)
+            observation, info = self._server.reset()
+        except Exception as err:
+            self._fail("reset", err)
+        self._score = int(info.get("score", 0))
+        return f"{info['taskDesc'].strip()}\n{observation.strip()}"
+
+    def step(self, action: str):
+        if self._server is None:
+            raise RuntimeError("ScienceWorld: step() called before reset() (or after close() / a failure)")
+        text = (action or "").strip()
+        try:
+            observation, _, completed, info = self._server.step(text)
+        except Exception as err:
+            self._fail(f"step({text[:80]!r})", err)
+        score = int(info["score"])
+        reward = (score - self._score) / 100.0
+        self._score = score
+        info = {"score": score, "moves": info.get("moves"), "success": score >= 100,
+                "invalid_action": observation.strip() == NO_MATCH}
+        return observation.strip(), reward, bool(completed), info
+
+    def expert_actions(self) -> list[str] | None:
+        return list(self._gold) if self._gold is not None else None
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            SERVERS.release(server)
+
+
+def make_env(args, sample):
+    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.scienceworld_env.make_env``."""
+    del args
+    return ScienceWorldTextEnv(sample_metadata(sample))
+
+
+def task_metadata(seed: int, params: dict) -> dict:
+    """Task number ``seed`` = variation ``seed`` of ``--task`` (default: the short find-non-living-thing)."""
+    metadata = {"env": "scienceworld", "task": params.get("task") or "find-non-living-thing", "variation": seed}
+    for key in ("simplification", "max_steps"):
+        if params.get(key) is not None:
+            metadata[key] = params[key]
+    return metadata

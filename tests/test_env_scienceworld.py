@@ -1,0 +1,69 @@
+"""ScienceWorld adapter: the gold path succeeds, invalid actions are observations, JVM crashes raise clearly."""
+
+import os
+import signal
+
+import pytest
+
+from examples.multi_turn_tcod.envs import make_env
+from examples.multi_turn_tcod.envs.scienceworld_env import NO_MATCH, SERVERS, ScienceWorldError
+from slime.utils.types import Sample
+
+TASK = {"env": "scienceworld", "task": "find-non-living-thing", "variation": 0}  # gold path: 5 actions
+
+
+@pytest.fixture(scope="module")
+def env():
+    # One JVM for the module: starting one takes seconds; the adapter's pool hands it on between episodes.
+    environment = make_env(None, Sample(metadata=dict(TASK)))
+    yield environment
+    environment.close()
+    SERVERS.close_all()
+
+
+def test_gold_path_reaches_full_score(env):
+    first = env.reset()
+    assert first.startswith("Task Description:") and "non-living thing" in first and "This room is called" in first
+    gold = env.expert_actions()
+    assert gold and 3 <= len(gold) <= 10
+    results = [env.step(action) for action in gold]
+    assert [done for _, _, done, _ in results] == [False] * (len(gold) - 1) + [True]
+    _, _, _, info = results[-1]
+    assert info["success"] and info["score"] == 100
+    assert sum(r for _, r, _, _ in results) == pytest.approx(1.0)  # rewards are score deltas / 100
+    assert not any(i["invalid_action"] for _, _, _, i in results)
+
+
+def test_invalid_action_is_an_observation(env):
+    env.reset()
+    for bad in ("dance with the fridge", "", "\n\n"):
+        obs, reward, done, info = env.step(bad)
+        assert obs == NO_MATCH and reward == 0.0 and not done
+        assert info["invalid_action"] and not info["success"]
+
+
+def test_reset_restarts_the_same_task(env):
+    assert env.reset() == env.reset()
+    gold = env.expert_actions()
+    env.step(gold[0])
+    assert env.expert_actions() == gold
+
+
+def test_unknown_task_raises_a_clear_error():
+    bad = make_env(None, Sample(metadata={"env": "scienceworld", "task": "fly-to-the-moon"}))
+    with pytest.raises(ScienceWorldError, match="fly-to-the-moon.*reset failed"):
+        bad.reset()
+    with pytest.raises(ValueError, match="'task'"):
+        make_env(None, Sample(metadata={"env": "scienceworld"}))
+
+
+def test_a_crashed_jvm_becomes_a_clear_exception(env):
+    env.reset()
+    server = env._server
+    os.kill(server._gateway.java_process.pid, signal.SIGKILL)  # the JVM this test's adapter started
+    server._gateway.java_process.wait(timeout=30)
+    with pytest.raises(ScienceWorldError, match="find-non-living-thing.*may have crashed"):
+        env.step("look around")
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("look around")
+    assert server not in SERVERS._idle  # a dead JVM is never handed to the next episode
