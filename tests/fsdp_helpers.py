@@ -61,19 +61,33 @@ def scalar_metrics(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, float)}
 
 
-# ---------------------------------------------------------------------------- spawned workers
-def worker_train(rank, world_size, ckpt, teacher, argv, n_rollouts, save_to=None):
-    """Build a trainer from ``argv`` and train ``n_rollouts`` rollouts; rank 0 returns metrics and weights."""
+# ---------------------------------------------------------------------------- runs shared by 1 and N processes
+def run_config(rank, world_size, config: dict):
+    """Train one configuration; rank 0 returns its metrics and final weights (the others None).
+
+    ``config``: ``argv`` (extra flags), ``ckpt``, ``n_samples``, ``n_rollouts``, optional ``save_after``
+    (rollout index) and ``save_to`` (folder).
+    """
     from slime.backends.fsdp_utils.actor import FSDPActor
 
-    args = make_args(ckpt, *argv, **({"opd_teacher_load": teacher} if teacher else {}))
+    args = make_args(config["ckpt"], *config["argv"])
     actor = FSDPActor(args, rank, world_size)
-    history = [actor.train(r, make_samples(seed=r, with_teacher=True), kl_coef=args.kl_coef)
-               for r in range(n_rollouts)]
+    history = []
+    for r in range(config["n_rollouts"]):
+        history.append(actor.train(r, make_samples(seed=r, n=config["n_samples"], with_teacher=True),
+                                   kl_coef=args.kl_coef))
+        if config.get("save_after") == r:
+            actor.save(config["save_to"])
     final = weights(actor)
-    if save_to:
-        actor.save(save_to)
-    if rank == 0:
-        return {"metrics": [scalar_metrics(m) for m in history], "weights": final,
-                "opd": [m.get("per_sample_opd_kl") for m in history]}
-    return None
+    if rank != 0:
+        return None
+    return {"metrics": [scalar_metrics(m) for m in history], "weights": final,
+            "opd": [m.get("per_sample_opd_kl") for m in history]}
+
+
+def worker_run_configs(rank, world_size, configs):
+    """Entry point for ``launch.run_local_group``: all configurations in one spawn (startup is the cost)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    return [run_config(rank, world_size, c) for c in configs]

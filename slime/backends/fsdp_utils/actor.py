@@ -186,7 +186,7 @@ class FSDPActor:
         per_step = [self._train_step(samples, step, masks, per_sample) for step in steps]
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
         metrics.update(rollout_metrics)
-        metrics["train/num_steps"] = len(per_step)
+        metrics["train/num_steps"] = float(len(per_step))
         metrics["per_step"] = per_step
         return metrics
 

@@ -32,8 +32,9 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask):
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        # The head runs in float32 so values keep their precision under bf16 compute.
-        return self.value_head(hidden.float()).squeeze(-1)
+        # The head runs in float32 so values keep their precision under bf16 compute. The result must not
+        # be a view: FSDP2 hooks the root's output for backward, and a view invites in-place edits.
+        return self.value_head(hidden.float()).squeeze(-1).clone()
 
 
 def load_value_model(path: str, flag: str = "--critic-load") -> ValueModel:

@@ -1,0 +1,125 @@
+"""Driver-side handle on the trainer processes: one Ray actor per process, one torch.distributed group.
+
+``TrainerGroup(args)`` starts ``actor_num_nodes * actor_num_gpus_per_node`` actors (1 CPU each on a CPU
+machine, 1 GPU each when CUDA is available), packed into a placement group so ranks sit together.
+Rank 0 picks its node's address and a free port; every actor then joins the group (gloo on CPU,
+nccl on GPU) and builds its ``FSDPActor``.
+
+Sharding: every call hands the SAME rollout batch to all actors (one object in Ray's store, shared),
+and each actor takes its share by the deterministic plan in ``slime.backends.fsdp_utils.data_plan``.
+Advantages are computed over the gathered full batch inside the trainer, so groups of
+``n_samples_per_prompt`` never need to stay on one rank and the driver does no reward normalisation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+def _package_root() -> str:
+    import slime
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(slime.__file__)))
+
+
+class TrainerWorker:
+    """One trainer process (wrapped by ``ray.remote`` in :class:`TrainerGroup`)."""
+
+    def __init__(self, args, rank: int, world_size: int):
+        self.args, self.rank, self.world_size = args, rank, world_size
+        self.actor = None
+
+    def address(self) -> tuple[str, int]:
+        from slime.backends.fsdp_utils.launch import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> bool:
+        import transformers
+
+        from slime.backends.fsdp_utils.actor import FSDPActor
+        from slime.backends.fsdp_utils.launch import init_distributed
+
+        transformers.utils.logging.disable_progress_bar()
+        init_distributed(self.rank, self.world_size, master_addr, master_port)
+        self.actor = FSDPActor(self.args, self.rank, self.world_size)
+        return True
+
+    def train(self, rollout_id, samples, kl_coef):
+        metrics = self.actor.train(rollout_id, samples, kl_coef)
+        return metrics if self.rank == 0 else None
+
+    def save(self, path):
+        self.actor.save(path)
+
+    def load(self, path):
+        self.actor.load(path)
+
+    def export_hf(self, path):
+        self.actor.export_hf(path)
+
+    def close(self):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return True
+
+
+class TrainerGroup:
+    def __init__(self, args, role: str = "actor"):
+        import torch
+
+        self.args, self.role = args, role
+        self.world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
+        use_gpu = torch.cuda.is_available() and bool(ray.cluster_resources().get("GPU", 0))
+        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        ray.get(self._pg.ready())
+        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+            p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}}
+        remote_cls = ray.remote(TrainerWorker)
+        self._workers = [
+            remote_cls.options(num_cpus=1, num_gpus=1 if use_gpu else 0, runtime_env=runtime_env,
+                               scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                   placement_group=self._pg, placement_group_bundle_index=rank))
+            .remote(args, rank, self.world_size)
+            for rank in range(self.world_size)
+        ]
+        addr, port = ray.get(self._workers[0].address.remote())
+        if args.actor_num_nodes == 1:
+            addr = "127.0.0.1"
+        ray.get([w.setup.remote(addr, port) for w in self._workers])
+
+    def _all(self, method: str, *call_args):
+        return ray.get([getattr(w, method).remote(*call_args) for w in self._workers])
+
+    def train(self, rollout_id: int, samples, kl_coef: float | None = None) -> dict:
+        """Train on one rollout batch; ``kl_coef`` is the reward-side coefficient (default ``--kl-coef``)."""
+        coef = self.args.kl_coef if kl_coef is None else float(kl_coef)
+        ref = ray.put(list(samples))
+        return self._all("train", rollout_id, ref, coef)[0]
+
+    def save(self, path: str) -> None:
+        self._all("save", str(path))
+
+    def load(self, path: str) -> None:
+        self._all("load", str(path))
+
+    def export_hf(self, path: str) -> None:
+        self._all("export_hf", str(path))
+
+    def shutdown(self) -> None:
+        if not self._workers:
+            return
+        try:
+            self._all("close")
+        finally:
+            for worker in self._workers:
+                ray.kill(worker)
+            remove_placement_group(self._pg)
+            self._workers = []
