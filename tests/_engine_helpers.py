@@ -17,7 +17,8 @@ class ThreadedApp:
         self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
-        self._runner = web.AppRunner(app)
+        # Short shutdown: stub handlers that sleep on purpose must not hold up teardown.
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         ready = threading.Event()
 
         def serve():
@@ -32,9 +33,18 @@ class ThreadedApp:
         ready.wait(30)
 
     def stop(self):
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        async def shutdown():
+            await self._runner.cleanup()
+            # Handlers still sleeping on purpose (timeout stubs) are cancelled, not left dangling.
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
+        self._loop.close()
 
 
 def start_hf_engine(model_path, **scheduler_kwargs) -> tuple[ThreadedApp, object]:

@@ -1,0 +1,168 @@
+"""Start an engine server process (real SGLang or the project's hf_engine), wait until it can
+generate, and stop it cleanly.
+
+``--rollout-backend sglang`` runs ``python -m sglang.launch_server`` (GPU); ``hf_engine`` runs
+``python -m slime.backends.hf_engine`` (CPU, tests). Both speak the same HTTP protocol, so the rest of
+the code only ever sees a base URL. The server's output goes to a log file whose tail is quoted when
+the server dies or never becomes healthy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class EngineLaunchError(RuntimeError):
+    """The server process exited or did not become healthy in time; the message quotes its log."""
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_sglang_command(args, *, model_path: str | None = None, host: str | None = None, port: int,
+                         base_gpu_id: int | None = None, python: str = sys.executable) -> list[str]:
+    """``python -m sglang.launch_server ...`` from the parsed arguments (SGLang's own flag names)."""
+    cmd = [python, "-m", "sglang.launch_server",
+           "--model-path", str(model_path or args.hf_checkpoint),
+           "--host", host or args.engine_host,
+           "--port", str(port),
+           "--tp-size", str(args.rollout_num_gpus_per_engine),
+           "--random-seed", str(args.seed),
+           "--trust-remote-code"]
+    if getattr(args, "sglang_mem_fraction_static", None) is not None:
+        cmd += ["--mem-fraction-static", str(args.sglang_mem_fraction_static)]
+    if base_gpu_id is not None:
+        cmd += ["--base-gpu-id", str(base_gpu_id)]
+    if getattr(args, "rollout_max_context_len", None):
+        cmd += ["--context-length", str(args.rollout_max_context_len)]
+    return cmd
+
+
+def build_hf_engine_command(args, *, model_path: str | None = None, host: str | None = None, port: int,
+                            max_batch_size: int | None = None, python: str = sys.executable) -> list[str]:
+    cmd = [python, "-m", "slime.backends.hf_engine",
+           "--model-path", str(model_path or args.hf_checkpoint),
+           "--host", host or args.engine_host,
+           "--port", str(port),
+           "--random-seed", str(args.seed)]
+    batch = max_batch_size or getattr(args, "rollout_concurrency", None)
+    if batch:
+        cmd += ["--max-batch-size", str(batch)]
+    return cmd
+
+
+def build_engine_command(args, **kwargs) -> list[str]:
+    backend = getattr(args, "rollout_backend", "hf_engine")
+    if backend == "sglang":
+        kwargs.pop("max_batch_size", None)
+        return build_sglang_command(args, **kwargs)
+    if backend == "hf_engine":
+        kwargs.pop("base_gpu_id", None)
+        return build_hf_engine_command(args, **kwargs)
+    raise ValueError(f"--rollout-backend {backend!r}: expected 'hf_engine' or 'sglang'")
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+class EngineProcess:
+    """A running engine server. Use as a context manager, or call :meth:`stop`."""
+
+    def __init__(self, cmd: list[str], *, host: str, port: int, log_path: str | os.PathLike, env=None):
+        self.cmd, self.host, self.port = cmd, host, port
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ if env is None else env)
+        # The hf_engine child must import this very package, installed or not.
+        root = str(Path(__file__).resolve().parents[3])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        # A new session, so stop() can signal the server and any children it spawned (SGLang has several).
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def wait_healthy(self, timeout: float = 300.0, poll: float = 0.25) -> "EngineProcess":
+        """Block until GET /health_generate answers 200; raise EngineLaunchError otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise EngineLaunchError(f"engine server exited with code {code} before becoming healthy "
+                                        f"({' '.join(self.cmd)}); last log lines of {self.log_path}:\n"
+                                        f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health_generate", timeout=max(poll, 5.0)) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass  # not listening yet, or not ready
+            if time.monotonic() >= deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise EngineLaunchError(f"engine server at {self.url} was not healthy after {timeout:g}s "
+                                        f"({' '.join(self.cmd)}); last log lines of {self.log_path}:\n{tail}")
+            time.sleep(poll)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM the server's process group, then SIGKILL it if it has not exited after ``grace`` s."""
+        if self.process.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.process.wait(timeout=grace)
+        if not self._log.closed:
+            self._log.close()
+        return self.process.returncode
+
+    def _signal(self, sig):
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def launch_engine(args, *, model_path: str | None = None, host: str | None = None, port: int | None = None,
+                  log_dir: str | os.PathLike | None = None, timeout: float = 300.0, env=None,
+                  **command_kwargs) -> EngineProcess:
+    """Start the engine chosen by ``--rollout-backend`` and wait until it can generate."""
+    host = host or getattr(args, "engine_host", "127.0.0.1")
+    port = port or find_free_port(host)
+    cmd = build_engine_command(args, model_path=model_path, host=host, port=port, **command_kwargs)
+    log_dir = Path(log_dir or os.environ.get("SLIME_ENGINE_LOG_DIR", "/tmp/slime_engines"))
+    engine = EngineProcess(cmd, host=host, port=port, log_path=log_dir / f"engine_{host}_{port}.log", env=env)
+    try:
+        return engine.wait_healthy(timeout)
+    except BaseException:
+        engine.stop()
+        raise

@@ -1,0 +1,28 @@
+"""Client helpers for engine maintenance routes (same on SGLang and the hf_engine)."""
+
+from __future__ import annotations
+
+from slime.utils import http_utils
+
+
+def _base(url: str) -> str:
+    # Accept either the server's base URL or its /generate URL (what --rm-url holds).
+    url = url.rstrip("/")
+    return url[: -len("/generate")] if url.endswith("/generate") else url
+
+
+async def update_weights_from_disk(url: str, model_path: str, *, timeout: float = 600.0, **kwargs) -> dict:
+    """Ask the engine to load the HF checkpoint at ``model_path``; raise if it reports failure."""
+    reply = await http_utils.post(f"{_base(url)}/update_weights_from_disk", {"model_path": str(model_path)},
+                                  timeout=timeout, **kwargs)
+    if not isinstance(reply, dict) or not reply.get("success"):
+        raise RuntimeError(f"{_base(url)} did not load weights from {model_path}: {reply!r}")
+    return reply
+
+
+async def flush_cache(url: str, **kwargs) -> None:
+    await http_utils.post(f"{_base(url)}/flush_cache", None, **kwargs)
+
+
+async def get_model_info(url: str, **kwargs) -> dict:
+    return await http_utils.get(f"{_base(url)}/get_model_info", **kwargs)

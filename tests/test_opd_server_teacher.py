@@ -1,0 +1,168 @@
+"""Server-teacher OPD: slime's payload through reward_func / post_process_rewards against the hf_engine."""
+
+from __future__ import annotations
+
+import asyncio
+from argparse import Namespace
+
+import pytest
+import torch
+from aiohttp import web
+from transformers import AutoModelForCausalLM
+
+from slime.backends.sglang_utils.launcher import find_free_port
+from slime.rollout import on_policy_distillation as opd
+from slime.utils import http_utils
+from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
+from slime.utils.types import Sample
+
+from _engine_helpers import ThreadedApp, start_hf_engine
+
+
+@pytest.fixture(scope="module")
+def teacher_ckpt(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("teacher"), seed=7)
+
+
+@pytest.fixture(scope="module")
+def teacher(teacher_ckpt):
+    server, _ = start_hf_engine(teacher_ckpt)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def teacher_model(teacher_ckpt):
+    return AutoModelForCausalLM.from_pretrained(teacher_ckpt, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def run(coro_fn):
+    async def wrapped():
+        try:
+            return await asyncio.wait_for(coro_fn(), timeout=60)  # guard against a hang, not a measurement
+        finally:
+            await http_utils.close_session()
+
+    return asyncio.run(wrapped())
+
+
+@torch.no_grad()
+def response_logprobs(model, sample):
+    ids = torch.tensor([sample.tokens])
+    logp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return logp[len(sample.tokens) - 1 - sample.response_length:]
+
+
+def single_turn(tok, index, text="What is 2+2?", answer="4, surely.<|im_end|>"):
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    s = Sample(index=index, prompt=prompt, tokens=tok(prompt)["input_ids"], metadata={"task_reward": 0.0})
+    ids = tok(answer)["input_ids"]
+    s.append_response_tokens(tokens=ids, log_probs=[-1.0] * len(ids), trainable=True)
+    return s
+
+
+def trajectory(tok, index):
+    """Two student turns with an environment observation between them (masked)."""
+    s = single_turn(tok, index, "Open the door.", "go north<|im_end|>")
+    obs = tok("\n<|im_start|>user\nYou see a door.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    s.append_response_tokens(tokens=obs, trainable=False)
+    act = tok("open door<|im_end|>")["input_ids"]
+    s.append_response_tokens(tokens=act, log_probs=[-0.5] * len(act), trainable=True)
+    s.metadata["task_reward"] = 1.0
+    return s
+
+
+def test_teacher_log_probs_equal_a_direct_forward(teacher, teacher_model, tok):
+    args = Namespace(rm_url=f"{teacher}/generate")
+    samples = [single_turn(tok, 0), trajectory(tok, 1)]
+    assert 0 in samples[1].loss_mask  # the trajectory really carries masked observation tokens
+
+    async def score():
+        return await asyncio.gather(*(opd.reward_func(args, s) for s in samples))
+
+    for s, reply in zip(samples, run(score)):
+        s.reward = reply
+    raw, rewards = opd.post_process_rewards(args, samples)
+    assert raw == rewards == [0.0, 1.0]  # task rewards pass through; the teacher term lives in the trainer
+    for s in samples:
+        s.validate()
+        assert len(s.teacher_log_probs) == s.response_length
+        diff = (torch.tensor(s.teacher_log_probs) - response_logprobs(teacher_model, s)).abs().max()
+        assert diff <= 1e-4
+
+
+def test_list_of_samples_from_a_generate_function(teacher, teacher_model, tok):
+    args = Namespace(rm_url=f"{teacher}/generate")
+    group = [single_turn(tok, 2, "hi", "hello<|im_end|>"), trajectory(tok, 3)]
+    replies = run(lambda: opd.reward_func(args, group))
+    assert isinstance(replies, list) and len(replies) == 2 and group[0].reward is replies[0]
+    raw, rewards = opd.post_process_rewards(args, [group])
+    assert rewards == [0.0, 1.0]
+    for s in group:
+        assert (torch.tensor(s.teacher_log_probs) - response_logprobs(teacher_model, s)).abs().max() <= 1e-4
+
+
+def test_exact_slime_payload_is_sent():
+    seen = []
+
+    async def record(request):
+        seen.append(await request.json())
+        return web.json_response({"text": "", "output_ids": [], "meta_info": {
+            "input_token_logprobs": [[None, 1, None], [-0.5, 2, None], [-0.25, 3, None]]}})
+
+    app = web.Application()
+    app.router.add_post("/generate", record)
+    stub = ThreadedApp(app)
+    try:
+        s = Sample(index=0, tokens=[1, 2, 3], response_length=1, loss_mask=[1])
+        s.reward = run(lambda: opd.reward_func(Namespace(rm_url=f"{stub.url}/generate"), s))
+    finally:
+        stub.stop()
+    assert seen == [{"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 0,
+                     "sampling_params": {"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False}}]
+    opd.post_process_rewards(None, [s])
+    assert s.teacher_log_probs == [-0.25]
+
+
+def test_teacher_down_or_slow_fails_clearly_after_bounded_retries(monkeypatch, tok):
+    monkeypatch.setattr(opd, "TEACHER_MAX_RETRIES", 2)
+    monkeypatch.setattr(opd, "TEACHER_BACKOFF", 0.01)
+    dead = f"http://127.0.0.1:{find_free_port()}/generate"
+    with pytest.raises(RuntimeError, match="OPD teacher request") as err:
+        run(lambda: opd.reward_func(Namespace(rm_url=dead), single_turn(tok, 0)))
+    assert dead in str(err.value) and "3 attempt" in str(err.value)
+
+    async def slow(request):
+        await asyncio.sleep(10)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/generate", slow)
+    stub = ThreadedApp(app)
+    monkeypatch.setattr(opd, "TEACHER_TIMEOUT", 0.2)
+    try:
+        with pytest.raises(RuntimeError, match="no reply within 0.2s"):
+            run(lambda: opd.reward_func(Namespace(rm_url=f"{stub.url}/generate"), single_turn(tok, 0)))
+    finally:
+        stub.stop()
+
+
+def test_post_process_without_teacher_reply_is_an_error(tok):
+    s = single_turn(tok, 0)
+    s.reward = 0.0
+    with pytest.raises(ValueError, match="reward_func"):
+        opd.post_process_rewards(None, [s])
+
+
+def test_vocab_check(teacher, tok):
+    args = Namespace(rm_url=f"{teacher}/generate")
+    info = run(lambda: opd.check_teacher_vocab(args, tok))
+    assert info["vocab_size"] == len(tok)
+    assert run(lambda: opd.check_teacher_vocab(args, 100))["is_generation"]
+    with pytest.raises(ValueError, match="vocabulary of 100 tokens but the student has 151669"):
+        run(lambda: opd.check_teacher_vocab(args, 151669))
