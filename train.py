@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     from slime.ray.actor_group import TrainerGroup
     from slime.ray.rollout import RolloutManager
-    from slime.utils.checkpoint import load_checkpoint, save_checkpoint
+    from slime.utils.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
     from slime.utils.step_metrics import rollout_metrics
@@ -58,27 +58,25 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     if args.use_opd and args.opd_type == "sglang":
         from slime.rollout.on_policy_distillation import check_teacher_vocab
+        from slime.rollout.sglang_rollout import run_async
 
-        check_teacher_vocab(args, tokenizer)
+        run_async(check_teacher_vocab(args, tokenizer))
 
-    trainer = TrainerGroup(args)
+    if args.load:
+        # Engines start on the restored policy, so rollouts of the next step use the checkpoint's weights.
+        args.rollout_model_path = str(find_checkpoint(args.load) / "model" / "hf")
     kl_ctrl = build_kl_controller(args)
-    rollout_manager = None
+    trainer = None
     start = 0
+    # Engine processes load while the trainer group starts; we wait for them after.
+    rollout_manager = RolloutManager(args, tokenizer)
     try:
+        trainer = TrainerGroup(args)
         if args.load:
-            # The data source must exist before its position is restored; engines start afterwards on
-            # the restored policy.
-            from slime.utils.data import RolloutDataSource
-
-            data_source = RolloutDataSource.from_args(args, tokenizer)
-            state = load_checkpoint(args.load, trainer=trainer, data_source=data_source, kl_controller=kl_ctrl)
+            state = load_checkpoint(args.load, trainer=trainer, data_source=rollout_manager.data_source,
+                                    kl_controller=kl_ctrl)
             start = state["rollout_id"] + 1
-            args.rollout_model_path = str(Path(state["folder"]) / "model" / "hf")
-            rollout_manager = RolloutManager(args, tokenizer)
-            rollout_manager.data_source = data_source
-        else:
-            rollout_manager = RolloutManager(args, tokenizer)
+        rollout_manager.wait_engines()
         logger = MetricsLogger(args, resume_step=start if args.load else None)
         sync_dir = Path(args.save or tempfile.mkdtemp(prefix="slime-sync-")) / "weight_sync"
         last = args.num_rollout - 1
@@ -107,8 +105,9 @@ def main(argv=None) -> int:
             t_save = time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            trainer.export_hf(str(sync_dir))
-            rollout_manager.update_weights(str(sync_dir))
+            if rollout_manager.needs_engines:
+                trainer.export_hf(str(sync_dir))
+                rollout_manager.update_weights(str(sync_dir))
             t_sync = time.perf_counter() - t0
 
             metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
@@ -125,9 +124,9 @@ def main(argv=None) -> int:
                              ("rollout/reward", "opd/reverse_kl", "loss", "time/step") if k in metrics})
         logger.close()
     finally:
-        if rollout_manager is not None:
-            rollout_manager.shutdown()
-        trainer.shutdown()
+        rollout_manager.shutdown()
+        if trainer is not None:
+            trainer.shutdown()
     return 0
 
 

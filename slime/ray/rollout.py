@@ -8,8 +8,11 @@ the engines with ``/update_weights_from_disk``.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
+import os
+from pathlib import Path
 
 from slime.utils.data import Dataset, RolloutDataSource
 from slime.utils.misc import load_function
@@ -65,31 +68,54 @@ class RolloutManager:
                                            apply_chat_template=args.apply_chat_template)
         self.generate_rollout = load_function(args.rollout_function_path)
         self.engines = []
-        if not args.sglang_router_ip:
+        # SFT on expert data needs no engine unless it evaluates by playing episodes.
+        self.needs_engines = args.loss_type != "sft_loss" or bool(self.eval_sets)
+        if self.needs_engines and not args.sglang_router_ip:
             self._start_engines()
 
     # ------------------------------------------------------------------ engines
     def _start_engines(self):
-        from slime.backends.sglang_utils.launcher import launch_engine
+        """Start the engine processes without waiting: they load while the trainer group starts."""
+        from slime.backends.sglang_utils.launcher import EngineProcess, build_engine_command, find_free_port
 
         args = self.args
         count = max(1, (args.rollout_num_gpus or 1) // max(1, args.rollout_num_gpus_per_engine))
         model_path = getattr(args, "rollout_model_path", None) or args.hf_checkpoint
+        log_dir = Path(os.environ.get("SLIME_ENGINE_LOG_DIR", "/tmp/slime_engines"))
         for i in range(count):
-            self.engines.append(launch_engine(args, model_path, engine_index=i))
+            port = find_free_port(args.engine_host)
+            cmd = build_engine_command(args, model_path=model_path, host=args.engine_host, port=port,
+                                       base_gpu_id=i * args.rollout_num_gpus_per_engine)
+            self.engines.append(EngineProcess(cmd, host=args.engine_host, port=port,
+                                              log_path=log_dir / f"engine_{args.engine_host}_{port}.log"))
         args.rollout_engine_urls = [engine.url for engine in self.engines]
-        logger.info("rollout engines ready: %s", args.rollout_engine_urls)
+
+    def wait_engines(self, timeout: float = 600.0) -> None:
+        for engine in self.engines:
+            engine.wait_healthy(timeout)
+        if self.engines:
+            logger.info("rollout engines ready: %s", self.args.rollout_engine_urls)
 
     def update_weights(self, hf_path: str) -> None:
-        from slime.backends.sglang_utils.launcher import update_weights_from_disk
+        if not self.needs_engines:
+            return
+        from slime.backends.sglang_utils.weights import update_weights_from_disk
+        from slime.rollout.sglang_rollout import run_async
 
-        for url in self.args.rollout_engine_urls or []:
-            update_weights_from_disk(url, hf_path)
+        async def push_all():
+            await asyncio.gather(*(update_weights_from_disk(url, hf_path)
+                                   for url in self.args.rollout_engine_urls or []))
+
+        run_async(push_all())
 
     def shutdown(self):
         for engine in self.engines:
             engine.stop()
         self.engines = []
+        from slime.rollout.sglang_rollout import run_async
+        from slime.utils.http_utils import close_session
+
+        run_async(close_session())
 
     # ------------------------------------------------------------------ rollouts
     def generate(self, rollout_id: int):

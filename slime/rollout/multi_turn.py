@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from slime.rollout.chat_layout import action_stop_token_id, encode_observation, encode_prompt
+from slime.rollout.chat_layout import (action_stop_token_id, decode_action, encode_action, encode_observation,
+                                      encode_prompt)
+from slime.rollout.expert_sft import expert_actions_for
 from slime.rollout.sglang_rollout import engine_url, get_tokenizer, parse_output_logprobs, sampling_seed
 from slime.rollout.tcod import plan_prefix_length
 from slime.utils.http_utils import post
@@ -43,14 +45,6 @@ async def _env_call(fn, *args):
         return await asyncio.to_thread(fn, *args)
     except Exception as err:  # noqa: BLE001 - any env error ends only this episode
         raise EnvironmentFault(f"{getattr(fn, '__qualname__', fn)}: {type(err).__name__}: {err}") from err
-
-
-def _expert_actions(sample: Sample, env) -> list[str] | None:
-    actions = sample.metadata.get("expert_actions")
-    if actions:
-        return list(actions)
-    getter = getattr(env, "expert_actions", None)
-    return list(getter() or []) if callable(getter) else None
 
 
 class _Episode:
@@ -91,14 +85,12 @@ class _Episode:
         return await post(url, {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True})
 
     def action_text(self, ids: list[int]) -> str:
-        if ids and ids[-1] == self.stop_id:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        return decode_action(self.tokenizer, ids)
 
 
 async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampling_params: dict):
     """Play the B2F prefix into the prompt part. Returns (observation, done, replayed turns)."""
-    expert = _expert_actions(ep.sample, env)
+    expert = expert_actions_for(env, ep.sample)
     prefix = plan_prefix_length(plan, len(expert) if expert else 0)
     source = plan.get("prefix_source") or "expert"
     for i in range(prefix):
@@ -108,7 +100,7 @@ async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampli
             action = ep.action_text(ids)
         else:
             action = expert[i]
-            ids = ep.tokenizer(action, add_special_tokens=False)["input_ids"] + [ep.stop_id]
+            ids = encode_action(ep.tokenizer, action)
         observation, reward, done, info = await _env_call(env.step, action)
         ep.record_step(reward, info or {})
         ep.sample.tokens.extend(ids)

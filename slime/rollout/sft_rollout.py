@@ -1,0 +1,33 @@
+"""Rollout function for ``--loss-type sft_loss`` on environment tasks: expert trajectories, no engine.
+
+``--rollout-function-path slime.rollout.sft_rollout.generate_rollout`` with
+``--rollout-interaction-env-path`` plays each task's expert actions (dataset field or the env's gold
+path) and returns them as Samples in the agent loop's exact token layout (``expert_sft``): actions
+trainable, observations masked. The demo makes its tiny teacher and student this way.
+"""
+
+from __future__ import annotations
+
+from slime.rollout.expert_sft import build_expert_sample
+from slime.rollout.sglang_rollout import get_tokenizer
+from slime.utils.misc import load_function
+
+
+def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
+    if evaluation:
+        raise ValueError("sft_rollout has no evaluation mode; evaluate with the multi-turn rollout instead")
+    if not args.rollout_interaction_env_path:
+        raise ValueError("slime.rollout.sft_rollout needs --rollout-interaction-env-path to play expert actions")
+    make_env = load_function(args.rollout_interaction_env_path)
+    tokenizer = get_tokenizer(args)
+    groups = data_source.get_samples(args.rollout_batch_size)
+    out = []
+    for group in groups:
+        built = []
+        for sample in group:
+            expert = build_expert_sample(make_env, args, sample, tokenizer)
+            expert.rollout_id = rollout_id
+            expert.metadata["task_reward"] = float(expert.reward or 0.0)
+            built.append(expert)
+        out.append(built)
+    return out
