@@ -26,6 +26,12 @@ def _left_pad(seqs: list[list[int]], pad_id: int):
     return ids, mask
 
 
+def _cache_of(out):
+    # transformers 5 names the returned cache ``cache``; older releases ``past_key_values``.
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -151,7 +157,7 @@ class ModelRunner:
         width = ids.shape[1]
         input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(s), start)
                      for i, (s, start) in enumerate(zip(seqs, starts))]
-        batch = DecodeBatch(cache=out.past_key_values, mask=mask,
+        batch = DecodeBatch(cache=_cache_of(out), mask=mask,
                             next_pos=torch.tensor([len(s) for s in seqs], dtype=torch.long))
         return batch, out.logits[:, -1, :], input_lps
 
@@ -162,6 +168,6 @@ class ModelRunner:
         out = self.model(input_ids=tokens.view(-1, 1).to(self.device), attention_mask=batch.mask.to(self.device),
                          position_ids=batch.next_pos.view(-1, 1).to(self.device), use_cache=True,
                          **{self._cache_kw: batch.cache})
-        batch.cache = out.past_key_values
+        batch.cache = _cache_of(out)
         batch.next_pos = batch.next_pos + 1
         return out.logits[:, -1, :]

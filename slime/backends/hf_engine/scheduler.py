@@ -105,12 +105,16 @@ class Scheduler:
         items = []
         if block:
             items.append(self._inbox.get())
-            # Concurrent clients arrive a few hundred microseconds apart: a short wait lets one forward
-            # take them all instead of starting with a batch of one.
-            deadline = time.perf_counter() + self.batch_wait_s
-            while time.perf_counter() < deadline:
+            # Concurrent clients arrive a few hundred microseconds apart: wait while they keep coming (at
+            # most batch_wait_s apart, 10 x batch_wait_s in all) so one forward takes them all instead of
+            # starting with a batch of one.
+            last_deadline = time.perf_counter() + 10 * self.batch_wait_s
+            while True:
+                wait = min(self.batch_wait_s, last_deadline - time.perf_counter())
+                if wait <= 0:
+                    break
                 try:
-                    items.append(self._inbox.get(timeout=max(0.0, deadline - time.perf_counter())))
+                    items.append(self._inbox.get(timeout=wait))
                 except queue.Empty:
                     break
         while True:
@@ -195,6 +199,7 @@ class Scheduler:
         for job in jobs:
             self._waiting.remove(job)
         for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
+            logger.debug("scoring %d request(s) in one forward", len(group))
             lps = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group])
             for job, lp in zip(group, lps):
                 job.result.input_logprobs = lp.tolist() if job.req.return_logprob else None
