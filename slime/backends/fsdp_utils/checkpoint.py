@@ -120,11 +120,11 @@ def save(actor, path: str) -> None:
     _barrier()
 
 
-def _read_weights(folder: str) -> dict[str, torch.Tensor]:
+def _read_weights(folder: str, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     model_io.validate_hf_folder(folder, "checkpoint")
     state = {}
     for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
+        if name.endswith(".safetensors") and name not in skip:
             state.update(load_file(os.path.join(folder, name)))
     return state
 
@@ -148,11 +148,12 @@ def load(actor, path: str) -> None:
     model_io.load_full_optimizer_state(actor.model, actor.optimizer,
                                        load_optimizer_state(os.path.join(path, "optimizer")))
     if actor.critic is not None:
-        critic_folder = os.path.join(path, "critic")
-        model_io.load_full_model_state(actor.critic, {f"backbone.{k}": v for k, v in
-                                                      _read_weights(critic_folder).items()}
-                                       | {f"value_head.{k}": v for k, v in
-                                          load_file(os.path.join(critic_folder, "value_head.safetensors")).items()})
+        from slime.backends.fsdp_utils.critic import VALUE_HEAD_FILE
+
+        folder = os.path.join(path, "critic")
+        state = {f"backbone.{k}": v for k, v in _read_weights(folder, skip=(VALUE_HEAD_FILE,)).items()}
+        state.update({f"value_head.{k}": v for k, v in load_file(os.path.join(folder, VALUE_HEAD_FILE)).items()})
+        model_io.load_full_model_state(actor.critic, state)
         model_io.load_full_optimizer_state(actor.critic, actor.critic_optimizer,
                                            load_optimizer_state(os.path.join(path, "critic_optimizer")))
     actor.optimizer_steps = int(meta["optimizer_steps"])

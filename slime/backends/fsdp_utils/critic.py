@@ -39,10 +39,17 @@ class ValueModel(torch.nn.Module):
 
 def load_value_model(path: str, flag: str = "--critic-load") -> ValueModel:
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
     validate_hf_folder(path, flag)
-    backbone = AutoModel.from_pretrained(path, dtype=torch.float32, use_safetensors=True,
-                                         attn_implementation="sdpa")
+    # From a causal-LM folder the LM head is left out on purpose; silence transformers' report of it.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        backbone = AutoModel.from_pretrained(path, dtype=torch.float32, use_safetensors=True,
+                                             attn_implementation="sdpa")
+    finally:
+        hf_logging.set_verbosity(verbosity)
     critic = ValueModel(backbone)
     head_file = os.path.join(path, VALUE_HEAD_FILE)
     if os.path.isfile(head_file):

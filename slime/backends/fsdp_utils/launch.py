@@ -29,6 +29,10 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
                      timeout_s: float = 1800.0) -> None:
     if dist.is_initialized():
         return
+    if not torch.cuda.is_available() and world_size > 1:
+        # Several trainer processes on one CPU: one intra-op thread pool each per share of the cores, or
+        # they oversubscribe the machine and every collective waits on a descheduled peer.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     if torch.cuda.is_available():
         # Under Ray each actor sees exactly its own GPU as device 0; elsewhere LOCAL_RANK says which.
         local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
@@ -44,10 +48,12 @@ def ensure_single_process_group() -> None:
         init_distributed(0, 1, master_port=free_port())
 
 
-def _spawned(rank: int, world_size: int, port: int, fn, fn_args, results) -> None:
+def _spawned(rank: int, world_size: int, port: int, fn, fn_args, results, collected) -> None:
     init_distributed(rank, world_size, master_port=port)
     try:
-        results[rank] = fn(rank, world_size, *fn_args)
+        results.put((rank, fn(rank, world_size, *fn_args)))
+        # Tensors travel through shared memory owned by this process: stay alive until they are read.
+        collected.wait()
     finally:
         dist.destroy_process_group()
 
@@ -60,10 +66,19 @@ def run_local_group(fn, world_size: int, *fn_args) -> list:
     """
     import torch.multiprocessing as mp
 
-    manager = mp.get_context("spawn").Manager()
-    results = manager.dict()
-    try:
-        mp.spawn(_spawned, args=(world_size, free_port(), fn, fn_args, results), nprocs=world_size, join=True)
-        return [results[r] for r in range(world_size)]
-    finally:
-        manager.shutdown()
+    ctx = mp.get_context("spawn")
+    results, collected = ctx.SimpleQueue(), ctx.Event()
+    context = mp.spawn(_spawned, args=(world_size, free_port(), fn, fn_args, results, collected),
+                       nprocs=world_size, join=False)
+    values = {}
+    while len(values) < world_size:
+        if not results.empty():
+            rank, value = results.get()
+            values[rank] = value
+        elif context.join(timeout=0.05):
+            break  # all processes ended early: join raised if one failed
+    collected.set()
+    context.join()
+    if len(values) < world_size:
+        raise RuntimeError(f"only ranks {sorted(values)} of {world_size} returned a result")
+    return [values[r] for r in range(world_size)]
