@@ -1,0 +1,189 @@
+"""The agent loop against a real hf_engine: token layout invariants, TCOD plans, env faults."""
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from _engine_helpers import start_hf_engine
+from examples.multi_turn_tcod.envs import make_env
+from slime.ray.rollout import TooManyFailures, select_trainable
+from slime.rollout.chat_layout import decode_action, encode_observation
+from slime.rollout.multi_turn import generate
+from slime.rollout.on_policy_distillation import teacher_payload
+from slime.rollout.sglang_rollout import build_sampling_params, run_async
+from slime.rollout.tcod import episode_plan
+from slime.utils.arguments import get_parser, validate_args
+from slime.utils.http_utils import close_session
+from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
+from slime.utils.types import Sample, Status
+
+ENV_PATH = "examples.multi_turn_tcod.envs.make_env"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = save_tiny_checkpoint(tmp_path_factory.mktemp("policy"), hidden_size=32, num_layers=2, num_heads=2, seed=3)
+    server, runner = start_hf_engine(path)
+    yield server, runner, str(path)
+    run_async(close_session())
+    server.stop()
+
+
+def make_args(engine, *extra):
+    server, _, path = engine
+    args = get_parser().parse_args([
+        "--hf-checkpoint", path, "--max-turns", "6", "--rollout-interaction-env-path", ENV_PATH,
+        "--rollout-max-response-len", "260", "--max-turn-response-len", "8", "--rollout-seed", "5", *extra])
+    validate_args(args)
+    args.rollout_engine_urls = [server.url]
+    return args
+
+
+def task(i, env="gridnav", **meta):
+    return Sample(index=i, group_index=i, metadata={"env": env, "seed": i, **meta})
+
+
+def play(args, samples, rollout_id=0, evaluation=False):
+    for s in samples:
+        plan = episode_plan(args, rollout_id, evaluation)
+        s.metadata["episode_plan"] = plan
+
+    async def run_all():
+        params = build_sampling_params(args, evaluation)
+        return await asyncio.gather(*(generate(args, s, dict(params), evaluation) for s in samples))
+
+    return run_async(run_all())
+
+
+def rescore(runner, tokens, temperature):
+    with torch.no_grad():
+        logits = runner.model(torch.tensor([tokens])).logits[0].float() / temperature
+    logp = torch.log_softmax(logits, -1)
+    return [logp[i - 1, tokens[i]].item() for i in range(1, len(tokens))]
+
+
+def replay_observations(args, sample, actions):
+    env = make_env(args, sample)
+    env.reset()
+    observations = []
+    for action in actions:
+        observations.append(env.step(action)[0])
+    env.close()
+    return observations
+
+
+def test_layout_invariants_on_many_trajectories(engine):
+    args = make_args(engine)
+    tok = build_tokenizer()
+    samples = play(args, [task(i) for i in range(12)] + [task(100 + i, env="hanoi") for i in range(4)])
+    for s in samples:
+        s.validate()
+        prompt_len = len(s.tokens) - s.response_length
+        spans = s.metadata["turn_spans"]
+        assert s.metadata["num_turns"] == len(spans) >= 1
+        assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
+        trainable = {t for a, b in spans for t in range(a, b)}
+        assert {t for t, m in enumerate(s.loss_mask) if m} == trainable
+        # Every masked token is an observation: replaying the decoded actions reproduces them exactly.
+        response = s.tokens[prompt_len:]
+        actions = [decode_action(tok, response[a:b]) for a, b in spans]
+        observations = replay_observations(args, s, actions)
+        for j, (a, b) in enumerate(spans[:-1]):
+            gap = response[b:spans[j + 1][0]]
+            assert gap == encode_observation(tok, observations[j])
+        tail = response[spans[-1][1]:]
+        if s.metadata["outcome"] != "context_full":
+            assert tail == ([] if s.metadata["outcome"] == "done" else encode_observation(tok, observations[-1]))
+        # Trainable log-probs are the policy's own at the rollout temperature.
+        full = rescore(engine[1], s.tokens, args.rollout_temperature)
+        for t in trainable:
+            assert abs(full[prompt_len + t - 1] - s.rollout_log_probs[t]) < 1e-3
+        # The teacher receives exactly the sequence the student produced.
+        assert teacher_payload(s)["input_ids"] == s.tokens
+        assert s.metadata["outcome"] in ("done", "max_turns", "context_full")
+
+
+def test_seeded_rollouts_are_reproducible(engine):
+    args = make_args(engine)
+    a = play(args, [task(i) for i in range(4)])
+    b = play(args, [task(i) for i in range(4)])
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+
+
+def test_f2b_cuts_after_depth(engine):
+    args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+                     "--use-tcod", "--tcod-mode", "f2b", "--tcod-eta", "2")
+    for rollout_id, depth in ((0, 1), (3, 2), (5, 3)):
+        samples = play(args, [task(i) for i in range(6)], rollout_id=rollout_id)
+        for s in samples:
+            assert s.metadata["episode_plan"]["depth"] == depth
+            assert len(s.metadata["turn_spans"]) <= depth
+            last_trainable = max(t for t, m in enumerate(s.loss_mask) if m)
+            assert last_trainable < s.metadata["turn_spans"][depth - 1][1] if len(s.metadata["turn_spans"]) == depth \
+                else True
+            if s.metadata["outcome"] == "cut":
+                assert s.status == Status.COMPLETED and len(s.metadata["turn_spans"]) == depth
+    # Evaluation plays full episodes whatever the step.
+    full = play(args, [task(i) for i in range(3)], rollout_id=0, evaluation=True)
+    assert all(s.metadata["episode_plan"]["mode"] == "full" for s in full)
+
+
+def test_b2f_prefix_is_replayed_in_the_prompt(engine):
+    args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+                     "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "1")
+    tok = build_tokenizer()
+    probe = [task(i, min_dist=4) for i in range(5)]
+    expert = {}
+    for s in probe:
+        env = make_env(args, s)
+        env.reset()
+        expert[s.index] = env.expert_actions()
+        env.close()
+    samples = play(args, copy.deepcopy(probe), rollout_id=1)  # depth 2
+    for s in samples:
+        prefix = max(0, len(expert[s.index]) - 2)
+        assert s.metadata["prefix_turns"] == prefix
+        prompt_text = tok.decode(s.tokens[: len(s.tokens) - s.response_length])
+        for action in expert[s.index][:prefix]:
+            assert f"{action}<|im_end|>" in prompt_text
+        # Nothing in the prefix is trainable: the response (and so the loss mask) starts after it.
+        assert s.response_length > 0 and s.loss_mask[0] == 1
+
+
+def test_b2f_replay_that_finishes_yields_no_training_sample(engine):
+    args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+                     "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "100")
+    s = task(7)
+    env = make_env(args, s)
+    env.reset()
+    path = env.expert_actions()
+    env.close()
+    s.metadata["expert_actions"] = path + ["up"]  # one extra action: the replay of L - 1 already solves it
+    [out] = play(args, [s])
+    assert out.metadata["outcome"] == "replay_finished" and out.metadata["no_training_sample"]
+    kept, stats = select_trainable(args, [[out]])
+    assert kept == [] and stats["rollout/dropped"] == 1
+
+
+def test_teacher_prefix_source(engine):
+    args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+                     "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "1", "--tcod-prefix-source", "teacher")
+    samples = play(args, [task(i, min_dist=4) for i in range(3)], rollout_id=0)
+    for s in samples:
+        assert s.metadata["episode_plan"]["prefix_source"] == "teacher"
+        assert s.metadata["prefix_turns"] >= 1 or s.metadata["outcome"] == "replay_finished"
+
+
+def test_env_faults_fail_only_their_episode(engine):
+    args = make_args(engine, "--rollout-interaction-env-path", "flaky_env.make_env")
+    samples = play(args, [task(0, fail_at=2), task(1, fail_at=0), task(2), task(3)])
+    assert [s.status == Status.FAILED for s in samples] == [True, True, False, False]
+    assert "simulated crash at step 2" in samples[0].metadata["error"]
+    assert "JVM crashed" in samples[1].metadata["error"]
+    kept, stats = select_trainable(args, [[s] for s in samples])
+    assert [s.index for s in kept] == [2, 3] and stats["rollout/failed"] == 2
+    worse = play(args, [task(0, fail_at=1), task(1, fail_at=1), task(2, fail_at=0), task(3)])
+    with pytest.raises(TooManyFailures, match="3 of 4 samples failed"):
+        select_trainable(args, [[s] for s in worse])
