@@ -5,6 +5,7 @@ Worker functions live here (a module, not a test file) so spawned processes can 
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import torch
@@ -91,3 +92,15 @@ def worker_run_configs(rank, world_size, configs):
 
     transformers.utils.logging.disable_progress_bar()
     return [run_config(rank, world_size, c) for c in configs]
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy machine the thread pool's waits
+    dominate; restore the caller's setting afterwards so other tests are unaffected."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
