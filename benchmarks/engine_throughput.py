@@ -4,7 +4,8 @@ Generation: N clients each ask for G new tokens (ignore_eos, temperature 1) agai
 on the same N left-padded prompts (sampling, G tokens, no early stop). Scoring: N clients each send a
 score-only request (``max_new_tokens: 0``, log-probs of every token) against one batched forward plus
 the log-prob gather. Both sides run on the same model, dtype and thread count; the engine runs as its
-own process (as in training) and is measured after a warm-up. Best of ``--repeats`` runs per side.
+own process (as in training) and is measured after a warm-up. The four measurements alternate within
+each repeat (so drifting machine load hits both sides alike); the best of ``--repeats`` is kept.
 
     python benchmarks/engine_throughput.py [--clients 16] [--prompt-len 64] [--new-tokens 64]
 """
@@ -108,30 +109,38 @@ def main(argv=None):
     gen_tokens = a.clients * a.new_tokens
     score_tokens = sum(len(s) for s in scored)
 
-    inprocess_generate(model, prompts, 4, pad)  # warm-up
-    t_gen_local = best_of(a.repeats, lambda: inprocess_generate(model, prompts, a.new_tokens, pad))
-    t_score_local = best_of(a.repeats, lambda: inprocess_score(model, scored, pad))
-
     args = Namespace(rollout_backend="hf_engine", engine_host="127.0.0.1", seed=0, rollout_concurrency=a.clients,
                      hf_checkpoint=str(ckpt))
     engine = launch_engine(args, log_dir=workdir / "logs", timeout=300, env=env)
+    gen_payloads = [{"input_ids": pr, "sampling_params": {"max_new_tokens": a.new_tokens, "temperature": 1.0,
+                                                          "ignore_eos": True, "seed": i}}
+                    for i, pr in enumerate(prompts)]
+    score_payloads = [{"input_ids": s, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                       "logprob_start_len": 0} for s in scored]
+
+    def served_gen():
+        outs = engine_run(engine.url, gen_payloads)
+        assert all(len(o["output_ids"]) == a.new_tokens for o in outs)
+
+    sides = {
+        "gen_local": lambda: inprocess_generate(model, prompts, a.new_tokens, pad),
+        "gen_engine": served_gen,
+        "score_local": lambda: inprocess_score(model, scored, pad),
+        "score_engine": lambda: engine_run(engine.url, score_payloads),
+    }
     try:
-        gen_payloads = [{"input_ids": pr, "sampling_params": {"max_new_tokens": a.new_tokens, "temperature": 1.0,
-                                                              "ignore_eos": True, "seed": i}}
-                        for i, pr in enumerate(prompts)]
-        score_payloads = [{"input_ids": s, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-                           "logprob_start_len": 0} for s in scored]
-        engine_run(engine.url, gen_payloads[:2])  # warm-up
+        inprocess_generate(model, prompts, 4, pad)  # warm-ups
+        engine_run(engine.url, gen_payloads[:2])
         engine_run(engine.url, score_payloads[:2])
-
-        def check_gen():
-            outs = engine_run(engine.url, gen_payloads)
-            assert all(len(o["output_ids"]) == a.new_tokens for o in outs)
-
-        t_gen_engine = best_of(a.repeats, check_gen)
-        t_score_engine = best_of(a.repeats, lambda: engine_run(engine.url, score_payloads))
+        # Alternate the sides within each repeat so a change in machine load hits both alike.
+        best = {name: float("inf") for name in sides}
+        for _ in range(a.repeats):
+            for name, fn in sides.items():
+                best[name] = min(best[name], best_of(1, fn))
     finally:
         engine.stop()
+    t_gen_local, t_gen_engine = best["gen_local"], best["gen_engine"]
+    t_score_local, t_score_engine = best["score_local"], best["score_engine"]
 
     rows = [("generation", gen_tokens, t_gen_local, t_gen_engine), ("scoring", score_tokens, t_score_local, t_score_engine)]
     print(f"model: Qwen3 hidden {a.hidden_size}, {a.num_layers} layers, vocab {len(tok)}, fp32; "
