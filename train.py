@@ -36,6 +36,20 @@ def _due(step: int, interval: int | None, last: int) -> bool:
     return bool(interval) and ((step + 1) % interval == 0 or step == last)
 
 
+def _update_kl_controller(args, kl_ctrl, train_stats: dict, n_samples: int) -> dict:
+    """Feed the batch's policy-vs-reference KL, in the ``--kl-ctrl-unit`` unit, to the controller."""
+    unit_key = "kl/observed_seq_sum" if args.kl_ctrl_unit == "sequence" else "kl/observed_token_mean"
+    observed = train_stats.get(unit_key)
+    if observed is None:
+        # No reference model was scored (fixed coefficient 0): there is no KL to report. Defaulting to 0
+        # would drive an adaptive coefficient down every step without saying why.
+        if kl_ctrl.kind == "adaptive":
+            raise RuntimeError(f"the trainer returned no {unit_key!r}; the adaptive KL controller needs the "
+                               "reference model's log-probs")
+        return {"kl_ctrl/coef": kl_ctrl.value}
+    return kl_ctrl.update(observed, n_steps=max(1, n_samples))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv=argv)
     if args.dry_run:
@@ -95,8 +109,7 @@ def main(argv=None) -> int:
             train_stats = trainer.train(rollout_id, samples, coef_used)
             t_train = time.perf_counter() - t0
 
-            unit_key = "kl/observed_seq_sum" if args.kl_ctrl_unit == "sequence" else "kl/observed_token_mean"
-            kl_stats = kl_ctrl.update(train_stats.get(unit_key, 0.0), n_steps=max(1, len(samples)))
+            kl_stats = _update_kl_controller(args, kl_ctrl, train_stats, len(samples))
 
             t0 = time.perf_counter()
             if args.save and _due(rollout_id, args.save_interval, last):
