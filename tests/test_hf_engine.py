@@ -278,3 +278,29 @@ def test_update_weights_from_disk(engine, ckpts, model, tok):
         run(http_utils.post(f"{engine}/update_weights_from_disk", {"model_path": str(ckpts[0])}, max_retries=0))
     restored = gen(engine, score)
     assert (values(restored["meta_info"]["input_token_logprobs"][1:]) - token_logprobs(model, ids)).abs().max() <= TOL
+
+
+def test_score_only_burst_is_grouped_by_length():
+    """Waiting score-only requests are batched shortest first, so mixed lengths pad little."""
+    from types import SimpleNamespace
+
+    from slime.backends.hf_engine.scheduler import Scheduler
+
+    class Runner:
+        def __init__(self):
+            self.groups = []
+
+        def score(self, seqs, starts):
+            self.groups.append([len(s) for s in seqs])
+            return [torch.zeros(len(s) - 1) for s in seqs]
+
+    runner = Runner()
+    scheduler = Scheduler(runner, max_prefill_tokens=220)
+    scheduler._reply = lambda job: None
+    jobs = [SimpleNamespace(req=SimpleNamespace(input_ids=[3] * n, logprob_start_len=0, return_logprob=True),
+                            result=SimpleNamespace()) for n in (5, 100, 6, 101)]
+    scheduler._waiting.extend(jobs)
+    scheduler._run_scoring(list(jobs))
+    # Arrival order would have padded 5 and 6 up to 100 and 101.
+    assert runner.groups == [[5, 6], [100, 101]]
+    assert not scheduler._waiting

@@ -198,6 +198,9 @@ class Scheduler:
     def _run_scoring(self, jobs):
         for job in jobs:
             self._waiting.remove(job)
+        # Shortest first: rows of similar length share a forward, so a burst of mixed lengths (per-turn
+        # teacher examples, trajectories of different horizons) pads far less. Replies go per job.
+        jobs = sorted(jobs, key=lambda j: len(j.req.input_ids))
         for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
             logger.debug("scoring %d request(s) in one forward", len(group))
             lps = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group])
