@@ -59,7 +59,8 @@ def weights(actor) -> dict[str, torch.Tensor]:
 
 
 def scalar_metrics(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if isinstance(v, float)}
+    """Deterministic scalar metrics (wall-clock timings differ from run to run by nature)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, float) and not k.startswith("time/")}
 
 
 # ---------------------------------------------------------------------------- runs shared by 1 and N processes
