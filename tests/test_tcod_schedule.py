@@ -59,3 +59,32 @@ def test_bad_inputs_raise(kw, match):
         curriculum_depth(**params)
     with pytest.raises(ValueError, match=match):
         b2f_prefix_length(expert_len=12, **params)
+
+
+# ---------------------------------------------------------------------------- episode plans
+def _plan_args(*extra):
+    from slime.utils.arguments import get_parser, validate_args
+
+    args = get_parser().parse_args(["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate",
+                                    "--max-turns", "10", *extra])
+    return validate_args(args)
+
+
+def test_episode_plans_follow_the_schedule():
+    from slime.rollout.tcod import episode_plan, plan_prefix_length
+
+    f2b = _plan_args("--use-tcod", "--tcod-mode", "f2b", "--tcod-eta", "3", "--tcod-k-max", "4")
+    assert [episode_plan(f2b, n)["max_student_turns"] for n in (0, 2, 3, 8, 9, 100)] == [1, 1, 2, 3, 4, 4]
+    assert episode_plan(f2b, 5, evaluation=True) == {"mode": "full", "max_student_turns": 10, "step": 5}
+
+    b2f = _plan_args("--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "2")
+    plans = [episode_plan(b2f, n) for n in range(8)]
+    assert all(p["mode"] == "b2f" and p["max_student_turns"] == 10 and p["prefix_source"] == "expert" for p in plans)
+    assert [plan_prefix_length(p, 5) for p in plans] == [4, 4, 3, 3, 2, 2, 1, 1]
+    assert plan_prefix_length(plans[0], None) == 0 and plan_prefix_length(plans[0], 0) == 0
+
+    vanilla = _plan_args()
+    assert episode_plan(vanilla, 7) == {"mode": "full", "max_student_turns": 10, "step": 7}
+    single_turn = _plan_args()
+    single_turn.max_turns = None
+    assert episode_plan(single_turn, 0) is None
