@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         sync_dir = Path(args.save or tempfile.mkdtemp(prefix="slime-sync-")) / "weight_sync"
         last = args.num_rollout - 1
 
-        if args.eval_interval and start == 0 and rollout_manager.eval_sets:
+        if args.eval_interval and start == 0 and rollout_manager.eval_sets and not args.skip_eval_before_train:
             logger.log(-1, rollout_manager.evaluate(-1))
         bar = tqdm(range(start, args.num_rollout), desc="train", initial=start, total=args.num_rollout,
                    dynamic_ncols=True)
@@ -118,7 +118,9 @@ def main(argv=None) -> int:
             t_save = time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            if rollout_manager.needs_engines:
+            # SFT runs use their engines only to evaluate: push weights just before an evaluation.
+            eval_due = _due(rollout_id, args.eval_interval, last) and bool(rollout_manager.eval_sets)
+            if rollout_manager.needs_engines and (args.loss_type != "sft_loss" or eval_due):
                 trainer.export_hf(str(sync_dir))
                 rollout_manager.update_weights(str(sync_dir))
             t_sync = time.perf_counter() - t0
@@ -126,7 +128,7 @@ def main(argv=None) -> int:
             metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
                        **{k: v for k, v in train_stats.items() if k != "per_sample_opd_kl"}, **kl_stats,
                        "kl_ctrl/coef_used": coef_used}
-            if _due(rollout_id, args.eval_interval, last) and rollout_manager.eval_sets:
+            if eval_due:
                 metrics.update(rollout_manager.evaluate(rollout_id))
             timings = {"time/rollout": t_rollout, "time/train": t_train, "time/save": t_save,
                        "time/weight_sync": t_sync, "time/step": time.perf_counter() - t_step}

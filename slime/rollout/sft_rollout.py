@@ -4,10 +4,14 @@
 ``--rollout-interaction-env-path`` plays each task's expert actions (dataset field or the env's gold
 path) and returns them as Samples in the agent loop's exact token layout (``expert_sft``): actions
 trainable, observations masked. The demo makes its tiny teacher and student this way.
+
+Evaluation (``--eval-prompt-data``) plays full episodes with the student instead: it goes through the
+default rollout with ``--custom-generate-function-path slime.rollout.multi_turn.generate``.
 """
 
 from __future__ import annotations
 
+from slime.rollout import sglang_rollout
 from slime.rollout.expert_sft import build_expert_sample
 from slime.rollout.sglang_rollout import get_tokenizer
 from slime.utils.misc import load_function
@@ -15,10 +19,15 @@ from slime.utils.misc import load_function
 
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
     if evaluation:
-        raise ValueError("sft_rollout has no evaluation mode; evaluate with the multi-turn rollout instead")
+        # Expert replays measure nothing about the policy: evaluate by letting it play the episodes.
+        if not args.custom_generate_function_path:
+            raise ValueError("evaluating an SFT run plays episodes: add --custom-generate-function-path "
+                             "slime.rollout.multi_turn.generate")
+        return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
     if not args.rollout_interaction_env_path:
         raise ValueError("slime.rollout.sft_rollout needs --rollout-interaction-env-path to play expert actions")
     make_env = load_function(args.rollout_interaction_env_path)
+    sglang_rollout.LAST_TIMINGS.clear()  # an evaluation's generate time must not be reported as this step's
     tokenizer = get_tokenizer(args)
     groups = data_source.get_samples(args.rollout_batch_size)
     out = []

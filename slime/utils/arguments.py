@@ -71,6 +71,8 @@ def add_data_arguments(parser):
     g.add_argument("--eval-temperature", type=float, default=None,
                    help="sampling temperature for evaluation (default: --rollout-temperature)")
     g.add_argument("--eval-max-response-len", type=int, default=None)
+    g.add_argument("--skip-eval-before-train", action="store_true",
+                   help="no evaluation at step -1 (e.g. an SFT run from a random init)")
     return parser
 
 
