@@ -16,6 +16,7 @@ back into the sum.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import torch
@@ -173,6 +174,7 @@ class FSDPActor:
                               dtype=torch.float32) for s in samples]
         rollout_metrics: dict = {"train/samples": float(len(samples)), "rollout_id": rollout_id}
         per_sample = None
+        t0 = time.perf_counter()
         if not self.sft:
             scores = self._score_rollout(samples, owners, n_steps)
             data = RolloutTensors(rewards=[s.get_reward_value(args) for s in samples], loss_masks=masks,
@@ -183,7 +185,12 @@ class FSDPActor:
                           "values": data.values, "returns": result.returns}
             rollout_metrics.update(self._rollout_kl_metrics(data, result, masks))
 
+        # Sub-timings of this rank (rank 0's are reported): log-prob recomputation (old/ref/teacher/values
+        # forwards plus advantages) against the optimiser updates, so a step-time breakdown can split them.
+        t1 = time.perf_counter()
         per_step = [self._train_step(samples, step, masks, per_sample) for step in steps]
+        rollout_metrics["time/train_logprobs"] = t1 - t0
+        rollout_metrics["time/train_update"] = time.perf_counter() - t1
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
         metrics.update(rollout_metrics)
         metrics["train/num_steps"] = float(len(per_step))
