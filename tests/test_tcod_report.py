@@ -1,0 +1,38 @@
+"""The demo's report: start/end numbers from metrics records, a skipped step -1 eval, and the plot."""
+
+from examples.multi_turn_tcod.report import markdown_table, mean_per_turn_kl, plot, summarize
+
+
+def _records():
+    out = []
+    for step in range(6):
+        record = {"step": step, "multi_turn/success_rate": step / 5, "opd/trajectory_kl_mean": 6.0 - step,
+                  "opd/per_turn_kl": [1.0, None, 3.0][: 1 + step % 3], "time/step": 2.0,
+                  "rollout/trained_tokens": 10}
+        if step in (2, 5):
+            record["eval/gridnav/success_rate"] = step / 10
+        out.append(record)
+    return out
+
+
+def test_summarize_uses_step_windows_and_start_eval():
+    s = summarize(_records(), start_eval=0.05)
+    assert s["steps"] == 6
+    assert s["eval_success_start"] == 0.05 and s["eval_success_end"] == 0.5
+    assert abs(s["train_success_start"] - 0.2) < 1e-9  # mean of steps 0..2
+    assert abs(s["traj_kl_end"] - 2.0) < 1e-9  # mean of steps 3..5
+    assert s["wall_time_s"] == 12.0 and s["trained_tokens"] == 60
+    # A logged step -1 evaluation wins over the stand-in value.
+    with_start = [{"step": -1, "eval/gridnav/success_rate": 0.3}] + _records()
+    assert summarize(with_start, start_eval=0.05)["eval_success_start"] == 0.3
+    assert "| run |" in markdown_table({"x": s})
+
+
+def test_per_turn_mean_skips_missing_turns():
+    assert mean_per_turn_kl([{"opd/per_turn_kl": [1.0, None]}, {"opd/per_turn_kl": [3.0, 4.0]}]) == [2.0, 4.0]
+
+
+def test_plot_writes_png(tmp_path):
+    png = tmp_path / "p.png"
+    plot({"a": _records(), "b": _records()}, png, teacher_success=0.9, start_eval=0.1)
+    assert png.stat().st_size > 1000
