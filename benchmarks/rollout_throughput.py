@@ -1,0 +1,201 @@
+"""Multi-turn rollout throughput: the agent loop against the engine's raw generation rate, same model.
+
+Three sides, alternated within every repeat on one hf_engine process (best time of each is kept):
+
+* agent: ``slime.rollout.multi_turn.generate`` plays ``--episodes`` gridnav episodes concurrently
+  (the CPU demo's task: 6x6, no walls, expert length 4..10, ``--max-turns 10``, 8 tokens per turn).
+* replay: the agent's own turn requests, re-sent without the environment: per episode one request per
+  turn, in order (input = the recorded history before the turn, as many new tokens as the turn had),
+  episodes concurrent. Agent minus replay = env steps, observation tokenization, loop bookkeeping.
+* raw: one plain /generate per episode, concurrent: the episode's prompt, as many new tokens as the
+  episode generated in all turns (``ignore_eos``). Replay minus raw = per-turn round trips and
+  re-prefilling the history every turn (the hf_engine keeps no KV cache between requests).
+
+It also times env.step and observation tokenization in-process on the recorded actions.
+
+    python benchmarks/rollout_throughput.py [--episodes 16] [--repeats 3] [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.multi_turn_tcod.envs import make_env  # noqa: E402
+from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
+from slime.backends.sglang_utils.launcher import launch_engine  # noqa: E402
+from slime.rollout import multi_turn  # noqa: E402
+from slime.rollout.chat_layout import decode_action, encode_observation  # noqa: E402
+from slime.rollout.sglang_rollout import build_sampling_params, run_async  # noqa: E402
+from slime.utils import http_utils  # noqa: E402
+from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
+
+
+def make_tasks(n):
+    rows = task_rows("gridnav", n, 0, {"size": 6, "walls": 0.0}, 4, 10)
+    return [row["metadata"] for row in rows]
+
+
+def play(args, samples: list[Sample]) -> list[Sample]:
+    """All episodes concurrently through the agent loop, as the rollout function runs them."""
+    params = build_sampling_params(args)
+
+    async def go():
+        return await asyncio.gather(*(multi_turn.generate(args, s, dict(params)) for s in samples))
+
+    return run_async(go())
+
+
+def run_agent(args, tasks):
+    return play(args, [Sample(index=i, metadata=dict(md)) for i, md in enumerate(tasks)])
+
+
+def turn_requests(s: Sample):
+    prompt = len(s.tokens) - s.response_length
+    for a, b in s.metadata["turn_spans"]:
+        yield s.tokens[: prompt + a], b - a
+
+
+def run_replay(url, episodes, temperature):
+    async def one(s):
+        for ids, new in turn_requests(s):
+            await http_utils.post(url, {"input_ids": ids, "return_logprob": True, "sampling_params": {
+                "max_new_tokens": new, "temperature": temperature, "ignore_eos": True}}, max_retries=0)
+
+    async def go():
+        await asyncio.gather(*(one(s) for s in episodes))
+
+    run_async(go())
+
+
+def run_raw(url, episodes, temperature):
+    async def go():
+        outs = await asyncio.gather(*(http_utils.post(url, {
+            "input_ids": s.tokens[: len(s.tokens) - s.response_length], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": generated(s), "temperature": temperature, "ignore_eos": True}},
+            max_retries=0) for s in episodes))
+        assert all(len(o["output_ids"]) == generated(s) for o, s in zip(outs, episodes))
+
+    run_async(go())
+
+
+def generated(s: Sample) -> int:
+    return sum(s.loss_mask)
+
+
+def env_and_tokenize_cost(episodes, tok):
+    """Seconds spent in env.step and in encode_observation over all recorded turns (in-process)."""
+    env_s = tok_s = 0.0
+    for s in episodes:
+        env = make_env(None, s)
+        env.reset()
+        prompt = len(s.tokens) - s.response_length
+        for a, b in s.metadata["turn_spans"]:
+            action = decode_action(tok, s.tokens[prompt + a: prompt + b])
+            t0 = time.perf_counter()
+            observation, _, done, _ = env.step(action)
+            t1 = time.perf_counter()
+            encode_observation(tok, observation)
+            env_s, tok_s = env_s + t1 - t0, tok_s + time.perf_counter() - t1
+            if done:
+                break
+        env.close()
+    return env_s, tok_s
+
+
+def plot(rates, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rates)
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    bars = ax.bar(names, [rates[n] for n in names], color=["tab:blue", "tab:orange", "tab:green"])
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title("Multi-turn rollout vs raw engine generation")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=16, help="concurrent episodes (and raw requests)")
+    p.add_argument("--max-turns", type=int, default=10)
+    p.add_argument("--turn-tokens", type=int, default=8, help="--max-turn-response-len")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hidden-size", type=int, default=64, help="64 x 2 layers is the CPU demo's model")
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="engine torch threads; 1 is steadier on a busy machine")
+    p.add_argument("--plot", default=None)
+    a = p.parse_args(argv)
+
+    from slime.utils.arguments import get_parser, validate_args
+
+    tok = build_tokenizer()
+    workdir = Path(tempfile.mkdtemp(prefix="rollout_bench_"))
+    ckpt = str(save_tiny_checkpoint(workdir / "model", hidden_size=a.hidden_size, num_layers=a.num_layers,
+                                    num_heads=4))
+    engine = launch_engine(Namespace(rollout_backend="hf_engine", engine_host="127.0.0.1", seed=0,
+                                     rollout_concurrency=a.episodes, hf_checkpoint=ckpt),
+                           log_dir=workdir / "logs", timeout=300, env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
+    args = get_parser().parse_args([
+        "--hf-checkpoint", ckpt, "--max-turns", str(a.max_turns), "--max-turn-response-len", str(a.turn_tokens),
+        "--rollout-max-response-len", "480", "--rollout-interaction-env-path",
+        "examples.multi_turn_tcod.envs.make_env", "--rollout-seed", "0"])
+    validate_args(args)
+    args.rollout_engine_urls = [engine.url]
+    url = f"{engine.url}/generate"
+    temperature = args.rollout_temperature
+    tasks = make_tasks(a.episodes)
+    best = {"agent": float("inf"), "replay": float("inf"), "raw": float("inf")}
+    try:
+        episodes = run_agent(args, tasks)  # warm-up; also fixes the turn lengths the other sides copy
+        sides = {"agent": lambda: run_agent(args, tasks), "replay": lambda: run_replay(url, episodes, temperature),
+                 "raw": lambda: run_raw(url, episodes, temperature)}
+        for _ in range(a.repeats):  # alternate the sides so drifting load hits all alike
+            for name, fn in sides.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    finally:
+        run_async(http_utils.close_session())
+        engine.stop()
+
+    n = len(episodes)
+    gen = sum(generated(s) for s in episodes)
+    turns = sum(s.metadata["num_turns"] for s in episodes)
+    prefill_turns = sum(len(ids) for s in episodes for ids, _ in turn_requests(s))
+    prefill_raw = sum(len(s.tokens) - s.response_length for s in episodes)
+    env_s, tok_s = env_and_tokenize_cost(episodes, tok)
+    rates = {name: gen / t for name, t in best.items()}
+    print(f"model: tiny Qwen3 hidden {a.hidden_size}, {a.num_layers} layers, fp32, engine threads {a.threads}; "
+          f"{n} concurrent gridnav episodes, {turns / n:.1f} turns and {gen / n:.0f} generated tokens each; "
+          f"best of {a.repeats} alternated repeats; load {os.getloadavg()}")
+    print(f"prefill tokens per episode: per-turn requests {prefill_turns / n:.0f}, one raw request {prefill_raw / n:.0f}")
+    print(f"in-process cost per turn: env.step {1e6 * env_s / turns:.0f} us, observation tokenization "
+          f"{1e6 * tok_s / turns:.0f} us")
+    print("| side | wall (s) | episodes/s | generated tok/s | / raw |")
+    print("|---|---|---|---|---|")
+    for name, t in best.items():
+        print(f"| {name} | {t:.3f} | {n / t:.2f} | {gen / t:.0f} | {best['raw'] / t:.2f} |")
+    print(f"agent / raw {best['raw'] / best['agent']:.2f}; replay / raw {best['raw'] / best['replay']:.2f}; "
+          f"agent / replay {best['replay'] / best['agent']:.2f}")
+    if a.plot:
+        plot(rates, a.plot)
+        print(f"plot written to {a.plot}")
+
+
+if __name__ == "__main__":
+    main()
