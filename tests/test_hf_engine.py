@@ -304,3 +304,13 @@ def test_score_only_burst_is_grouped_by_length():
     # Arrival order would have padded 5 and 6 up to 100 and 101.
     assert runner.groups == [[5, 6], [100, 101]]
     assert not scheduler._waiting
+
+
+def test_cli_threads_default_to_one_unless_told(monkeypatch):
+    from slime.backends.hf_engine.__main__ import parse_args
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert parse_args(["--model-path", "m"]).threads == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert parse_args(["--model-path", "m"]).threads == 3
+    assert parse_args(["--model-path", "m", "--threads", "0"]).threads == 0  # 0: torch's own default

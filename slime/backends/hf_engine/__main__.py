@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
+import torch
 from aiohttp import web
 
 
@@ -25,9 +27,16 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--random-seed", type=int, default=0, help="seeds requests that bring no sampling_seed")
     p.add_argument("--log-level", default="info")
+    # One thread unless told otherwise: on a small shared CPU box (the demo runs trainer, policy engine
+    # and teacher engine on 2 cores) torch's default spins OpenMP threads against the other processes;
+    # measured there, the agent loop ran 7x slower with 2 threads than with 1 (docs/en/benchmarks.md).
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 1),
+                   help="torch threads (default: $OMP_NUM_THREADS, else 1; 0 keeps torch's default)")
     args = p.parse_args(argv)
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1:
         p.error("--max-batch-size and --max-prefill-tokens must be >= 1")
+    if args.threads < 0:
+        p.error("--threads must be >= 0")
     return args
 
 
@@ -36,6 +45,8 @@ def build(args):
     from slime.backends.hf_engine.scheduler import Scheduler
     from slime.backends.hf_engine.server import make_app
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     runner = ModelRunner(args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device)
     scheduler = Scheduler(runner, max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
                           seed=args.random_seed)
