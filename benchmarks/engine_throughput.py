@@ -95,7 +95,8 @@ def main(argv=None):
     env = dict(os.environ)
     if a.threads:
         torch.set_num_threads(a.threads)
-        env["OMP_NUM_THREADS"] = str(a.threads)  # the engine process reads it at start-up
+    # The engine process reads it at start-up (it defaults to 1 thread otherwise): same count both sides.
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
 
     from transformers import AutoModelForCausalLM
 
