@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     if "--" in argv:
         cmd, argv = argv[argv.index("--") + 1:], argv[: argv.index("--")]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("metrics", nargs="*", help="metrics.jsonl files (labelled by their last two folders)")
+    p.add_argument("metrics", nargs="*", help="metrics.jsonl files")
     p.add_argument("--measure", action="store_true", help="run the command after -- and sample its memory")
     p.add_argument("--interval", type=float, default=0.5)
     p.add_argument("--skip", type=int, default=1, help="warm-up steps left out")
@@ -189,7 +189,9 @@ def main(argv=None) -> int:
         if b is None:
             print(f"{path}: no training steps left after --skip {a.skip} and eval steps", file=sys.stderr)
             continue
-        results["/".join(Path(path).parts[-3:-1]) or path] = b  # label: the run's last two folders
+        path = Path(path)
+        # Label: the run's last two folders (train.py writes metrics.jsonl), else the file's own stem.
+        results["/".join(path.parts[-3:-1]) if path.name == "metrics.jsonl" else path.stem] = b
     if results:
         print_table(results)
         if a.plot:

@@ -143,7 +143,7 @@ def plot(results, path):
         t = [r["turns"] for r in rows]
         ax.plot(t, [r["tokens_per_turn"] / r["tokens_single"] for r in rows], marker=marker,
                 label=f"token ratio ({source})")
-        ax.plot(t, [r["ratio_best"] for r in rows], marker=marker, ls="--", label=f"wall-time ratio ({source})")
+        ax.plot(t, [r["ratio_median"] for r in rows], marker=marker, ls="--", label=f"wall-time ratio, median ({source})")
     t = sorted({r["turns"] for r in results})
     ax.plot(t, [x / 2 for x in t], color="grey", ls=":", label="T / 2")
     ax.set_xscale("log", base=2)
