@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# CPU demo of TCOD (arXiv:2604.24005) on tiny models, the project's main job (`make demo`).
+#   1. tiny char-level tokenizer + model init, gridnav task files (train / eval, expert length 4..10)
+#   2. teacher = SFT on expert trajectories (its full-episode eval success is printed);
+#      student = a checkpoint of the same SFT run after far fewer steps (same tokenizer, weaker)
+#   3. vanilla OPD, TCOD-F2B and TCOD-B2F from that student with the same teacher (an hf_engine
+#      server, --opd-type sglang, as in run-qwen3-8B-tcod.sh), same steps, seeds and batch
+#   4. table + plot (examples/multi_turn_tcod/report.py) under OUT_DIR
+# Environment: PYTHON (default python3), OUT_DIR (default outputs/tiny-tcod), STEPS, TEACHER_STEPS,
+# STUDENT_STEPS, BATCH, LR, ETA, SEED. Measured: 15 min on a 2-core machine shared with other jobs
+# (examples/multi_turn_tcod/README.md).
+set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+cd "${REPO_DIR}"
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${OUT_DIR:-outputs/tiny-tcod}"
+SEED="${SEED:-0}"
+# SFT: each rollout step replays 64 expert episodes and takes 8 optimizer steps of 8 episodes; the
+# tiny model needs ~300 optimizer steps to learn gridnav's move rule, ~80 leave it half-learned.
+TEACHER_STEPS="${TEACHER_STEPS:-40}"   # SFT rollout steps of the teacher
+STUDENT_STEPS="${STUDENT_STEPS:-10}"   # the student is the same SFT run's checkpoint after this many
+STEPS="${STEPS:-12}"                   # OPD / TCOD steps per method
+BATCH="${BATCH:-8}"                    # episodes per OPD step, 4 optimizer steps of 2 episodes each
+LR="${LR:-1e-3}"
+ETA="${ETA:-1}"                        # TCOD: steps per depth increment (depth reaches 10 at step 9)
+MAX_TURNS=10
+EVAL_N=24
+
+T_START=${SECONDS}
+phase() { printf '\n=== [%4ds] %s\n' "$(( SECONDS - T_START ))" "$*"; }
+die() { echo "run-tiny-tcod: $*" >&2; exit 1; }
+
+TEACHER_PID=""
+cleanup() { if [ -n "${TEACHER_PID}" ]; then kill "${TEACHER_PID}" 2>/dev/null || true; wait "${TEACHER_PID}" 2>/dev/null || true; fi; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# find_spec, not import: importing torch + transformers + ray costs half a minute on a busy 2-core box.
+"${PYTHON}" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'transformers', 'ray', 'matplotlib')))" \
+  || die "${PYTHON} lacks the dependencies: run 'make demo' (or pip install -e '.[dev]')"
+mkdir -p "${OUT_DIR}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+# ---------------------------------------------------------------- 1. init + data
+phase "1/5 tiny tokenizer + model init, gridnav tasks"
+"${PYTHON}" -m slime.utils.tiny_models --out "${OUT_DIR}/init" --hidden-size 64 --num-layers 2 --num-heads 4 \
+  --seed "${SEED}" > /dev/null
+GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 10)
+# Disjoint seed ranges: eval tasks are never trained on.
+"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
+"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 \
+  --out "${OUT_DIR}/eval.jsonl"
+
+COMMON=(
+  --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
+  --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env
+  --custom-generate-function-path slime.rollout.multi_turn.generate
+  --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
+  --eval-prompt-data gridnav "${OUT_DIR}/eval.jsonl" --eval-temperature 0.4
+)
+
+# ---------------------------------------------------------------- 2. teacher + student by SFT
+phase "2/5 SFT on expert trajectories: teacher (${TEACHER_STEPS} steps), student (checkpoint at ${STUDENT_STEPS})"
+rm -rf "${OUT_DIR}/sft"
+"${PYTHON}" train.py "${COMMON[@]}" --hf-checkpoint "${OUT_DIR}/init" \
+  --loss-type sft_loss --rollout-function-path slime.rollout.sft_rollout.generate_rollout \
+  --rollout-batch-size 64 --global-batch-size 8 --micro-batch-size 8 --lr 3e-3 --num-rollout "${TEACHER_STEPS}" \
+  --save "${OUT_DIR}/sft" --save-interval "${STUDENT_STEPS}" \
+  --eval-interval "${STUDENT_STEPS}" --skip-eval-before-train
+ckpt() { printf '%s/sft/iter_%07d/model/hf' "${OUT_DIR}" "$(( $1 - 1 ))"; }
+TEACHER="$(ckpt "${TEACHER_STEPS}")"
+STUDENT="$(ckpt "${STUDENT_STEPS}")"
+[ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${OUT_DIR}/sft"
+# The SFT run evaluated every STUDENT_STEPS steps: at the student's checkpoint and at the teacher's.
+sft_eval() { "${PYTHON}" -c "
+import sys; from slime.utils.metrics import read_metrics
+print(next(r['eval/gridnav/success_rate'] for r in read_metrics(sys.argv[1]) if r['step'] == int(sys.argv[2])))
+" "${OUT_DIR}/sft/metrics.jsonl" "$(( $1 - 1 ))"; }
+TEACHER_SUCCESS="$(sft_eval "${TEACHER_STEPS}")"
+STUDENT_SUCCESS="$(sft_eval "${STUDENT_STEPS}")"
+echo "full-episode eval success (temperature 0.4, ${EVAL_N} tasks): teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}"
+
+# ---------------------------------------------------------------- 3. teacher server
+phase "3/5 teacher server (hf_engine, SGLang protocol)"
+PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
+"${PYTHON}" -m slime.backends.hf_engine --model-path "${TEACHER}" --port "${PORT}" --random-seed "${SEED}" \
+  > "${OUT_DIR}/teacher_server.log" 2>&1 &
+TEACHER_PID=$!
+"${PYTHON}" - "${PORT}" "${TEACHER_PID}" <<'EOF' || die "teacher server did not come up; see ${OUT_DIR}/teacher_server.log"
+import os, sys, time, urllib.request
+port, pid = sys.argv[1], int(sys.argv[2])
+for _ in range(240):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=5)
+        sys.exit(0)
+    except OSError:
+        os.kill(pid, 0)  # raises (exit 1) if the server died
+        time.sleep(0.5)
+sys.exit(1)
+EOF
+
+# ---------------------------------------------------------------- 4. OPD, F2B, B2F
+OPD=(
+  "${COMMON[@]}" --hf-checkpoint "${STUDENT}" --rollout-batch-size "${BATCH}" --micro-batch-size 2
+  --global-batch-size 2 --num-rollout "${STEPS}" --lr "${LR}" --rollout-temperature 1.0
+  # The student's start is the SFT run's evaluation of this same checkpoint: not repeated per run.
+  --eval-interval 6 --skip-eval-before-train
+  --use-opd --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate"
+  --custom-rm-path slime.rollout.on_policy_distillation.reward_func
+  --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
+)
+declare -A RUN_ARGS=(
+  [opd]=""
+  [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
+  [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+)
+i=0
+for run in opd f2b b2f; do
+  i=$(( i + 1 ))
+  phase "4/5 (${i}/3) ${run}: ${STEPS} steps x ${BATCH} episodes"
+  rm -rf "${OUT_DIR:?}/${run}"
+  # shellcheck disable=SC2086  # RUN_ARGS values are flag lists
+  "${PYTHON}" train.py "${OPD[@]}" ${RUN_ARGS[${run}]} --metrics-dir "${OUT_DIR}/${run}"
+done
+
+# ---------------------------------------------------------------- 5. report
+phase "5/5 table and plot"
+"${PYTHON}" -m examples.multi_turn_tcod.report \
+  --run "vanilla OPD" "${OUT_DIR}/opd/metrics.jsonl" --run "TCOD-F2B" "${OUT_DIR}/f2b/metrics.jsonl" \
+  --run "TCOD-B2F" "${OUT_DIR}/b2f/metrics.jsonl" --teacher-success "${TEACHER_SUCCESS}" \
+  --start-eval "${STUDENT_SUCCESS}" \
+  --md "${OUT_DIR}/table.md" --png "${OUT_DIR}/tcod-tiny.png"
+echo "eval success: teacher ${TEACHER_SUCCESS}, student at start ${STUDENT_SUCCESS}"
+phase "done in $(( SECONDS - T_START )) s; outputs in ${OUT_DIR}"
