@@ -21,6 +21,16 @@ def make_checkpoint(path, seed=0):
     return str(save_tiny_checkpoint(path, hidden_size=32, num_layers=2, num_heads=2, seed=seed))
 
 
+def student_and_teacher(tmp_path_factory, name: str) -> dict:
+    """A one-process group and two different tiny checkpoints under a fresh folder ``name``."""
+    from slime.backends.fsdp_utils.launch import ensure_single_process_group
+
+    ensure_single_process_group()
+    root = tmp_path_factory.mktemp(name)
+    return {"student": make_checkpoint(root / "student", seed=0), "teacher": make_checkpoint(root / "teacher", seed=1),
+            "root": root}
+
+
 def make_args(ckpt, *extra, **overrides):
     argv = ["--hf-checkpoint", ckpt, "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt", str(GROUP),
             "--micro-batch-size", "2", "--lr", "1e-3", "--rollout-temperature", "0.8", *extra]

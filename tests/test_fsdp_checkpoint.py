@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import transformers
-from fsdp_helpers import make_args, make_checkpoint, make_samples, scalar_metrics, single_thread, weights
+from fsdp_helpers import student_and_teacher, make_args, make_checkpoint, make_samples, scalar_metrics, single_thread, weights
 from safetensors.torch import load_file
 
 from slime.backends.fsdp_utils.actor import FSDPActor
@@ -19,13 +19,7 @@ transformers.utils.logging.disable_progress_bar()
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     with single_thread():
-        yield _checkpoints(tmp_path_factory)
-
-
-def _checkpoints(tmp_path_factory):
-    ensure_single_process_group()
-    root = tmp_path_factory.mktemp("fsdp_ckpt")
-    return {"student": make_checkpoint(root / "student", seed=0), "teacher": make_checkpoint(root / "teacher", seed=1)}
+        yield student_and_teacher(tmp_path_factory, "fsdp_ckpt")
 
 
 def _ppo_args(ckpts):

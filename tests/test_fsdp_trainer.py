@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import transformers
-from fsdp_helpers import (make_args, make_checkpoint, make_samples, run_config, single_thread, weights,
+from fsdp_helpers import (student_and_teacher, make_args, make_checkpoint, make_samples, run_config, single_thread, weights,
                           worker_run_configs)
 
 from slime.backends.fsdp_utils.actor import FSDPActor
@@ -19,14 +19,7 @@ transformers.utils.logging.disable_progress_bar()
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     with single_thread():
-        yield _checkpoints(tmp_path_factory)
-
-
-def _checkpoints(tmp_path_factory):
-    ensure_single_process_group()
-    root = tmp_path_factory.mktemp("fsdp_trainer")
-    return {"student": make_checkpoint(root / "student", seed=0), "teacher": make_checkpoint(root / "teacher", seed=1),
-            "root": root}
+        yield student_and_teacher(tmp_path_factory, "fsdp_trainer")
 
 
 def _plain_log_probs(path, sample, temperature):
