@@ -124,7 +124,8 @@ async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
             sample.metadata["no_training_sample"] = True
             return "replay_finished"
     url = engine_url(ep.args, sample)
-    for turn in range(int(plan.get("max_student_turns") or ep.args.max_turns)):
+    turns = int(plan.get("max_student_turns") or ep.args.max_turns)
+    for turn in range(turns):
         if ep.room() <= 0:
             sample.status = Status.TRUNCATED
             return "context_full"
@@ -139,6 +140,8 @@ async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
         if done:
             sample.status = Status.COMPLETED
             return "done"
+        if turn + 1 == turns:
+            break  # no student turn follows: the last observation would be scored and masked for nothing
         obs_ids = encode_observation(ep.tokenizer, observation)
         if len(obs_ids) > ep.room():
             sample.status = Status.TRUNCATED
