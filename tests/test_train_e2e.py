@@ -37,20 +37,33 @@ def setup(tmp_path_factory):
     ray.shutdown()
 
 
-def run(setup, name, *extra, steps=2):
+def run(setup, name, *extra, steps=2, tcod=True):
     out = setup["root"] / name
     argv = ["--hf-checkpoint", setup["student"], "--prompt-data", str(setup["data"]),
             "--rollout-batch-size", "3", "--n-samples-per-prompt", "1", "--num-rollout", str(steps),
             "--rollout-max-response-len", "200", "--max-turn-response-len", "6", "--max-turns", "4",
             "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs.make_env",
             "--custom-generate-function-path", "slime.rollout.multi_turn.generate",
-            "--use-opd", "--use-tcod", "--lr", "1e-3", "--save", str(out), "--rollout-seed", "11", *extra]
+            "--use-opd", "--lr", "1e-3", "--save", str(out), "--rollout-seed", "11", *extra]
+    if tcod:
+        argv.append("--use-tcod")
     assert train.main(argv) == 0
     return read_metrics(out / "metrics.jsonl")
 
 
 def server_mode(setup):
     return ["--opd-type", "sglang", "--rm-url", setup["server"].url + "/generate", *SERVER_TEACHER]
+
+
+@pytest.mark.parametrize("mode", ["server", "trainer"])
+def test_vanilla_multi_turn_opd_logs_per_turn_kl(setup, mode):
+    teacher = server_mode(setup) if mode == "server" else ["--opd-type", "megatron", "--opd-teacher-load",
+                                                            setup["teacher"]]
+    records = run(setup, f"vanilla_{mode}", *teacher, tcod=False)
+    for r in records:
+        assert "tcod/depth" not in r and r["tcod/prefix_len"] == 0  # full episodes from reset
+        assert r["opd/reverse_kl"] != 0 and len(r["opd/per_turn_kl"]) >= 1
+        assert r["rollout/trained_tokens"] > 0
 
 
 def test_f2b_server_teacher(setup):
