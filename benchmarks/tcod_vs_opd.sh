@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# TCOD vs vanilla OPD over several seeds on one built-in environment (issue 8, item 1).
+# Calls train.py exactly as examples/multi_turn_tcod/run-tiny-tcod.sh does (same SFT recipe for the
+# teacher/student, same OPD flags, same hf_engine teacher server); only the environment, the seeds,
+# the step budget and the output layout are chosen here. Per setting:
+#   1. teacher + student: reused from TEACHER/STUDENT (dirs of HF checkpoints) if both are given,
+#      else one SFT run on expert trajectories (teacher = last checkpoint, student = early one)
+#   2. one teacher server for all runs; for each seed: vanilla OPD, TCOD-F2B, TCOD-B2F
+#      (seed-major order, so a cut-short sweep still has whole seeds)
+#   3. benchmarks/tcod_vs_opd_report.py: mean +- std table and plots
+# Environment: SETTING (gridnav | hanoi | gridnav-long), SEEDS ("0 1 2"), STEPS, ETA, BATCH, LR,
+# TEACHER_STEPS, STUDENT_STEPS, TEACHER, STUDENT, OUT_DIR (default outputs/tcod-vs-opd/SETTING).
+set -euo pipefail
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO_DIR}"
+PYTHON="${PYTHON:-python3}"
+SETTING="${SETTING:-gridnav}"
+OUT_DIR="${OUT_DIR:-outputs/tcod-vs-opd/${SETTING}}"
+SEEDS="${SEEDS:-0 1 2}"
+STEPS="${STEPS:-12}"
+ETA="${ETA:-1}"
+BATCH="${BATCH:-8}"
+LR="${LR:-2e-4}"
+TEACHER_STEPS="${TEACHER_STEPS:-90}"
+STUDENT_STEPS="${STUDENT_STEPS:-30}"
+MAX_TURNS=10
+EVAL_N=24
+case "${SETTING}" in
+  gridnav)      ENV_ARGS=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8) ;;
+  gridnav-long) ENV_ARGS=(--env gridnav --size 8 --walls 0 --min-len 7 --max-len 10); MAX_TURNS=14 ;;
+  hanoi)        ENV_ARGS=(--env hanoi --disks 3 --start random --min-len 2 --max-len 7) ;;
+  *) echo "tcod_vs_opd: unknown SETTING ${SETTING}" >&2; exit 2 ;;
+esac
+
+T_START=${SECONDS}
+phase() { printf '\n=== [%4ds] %s: %s\n' "$(( SECONDS - T_START ))" "${SETTING}" "$*"; }
+die() { echo "tcod_vs_opd: $*" >&2; exit 1; }
+TEACHER_PID=""
+cleanup() { if [ -n "${TEACHER_PID}" ]; then kill "${TEACHER_PID}" 2>/dev/null || true; wait "${TEACHER_PID}" 2>/dev/null || true; fi; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+mkdir -p "${OUT_DIR}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+phase "tasks (train seeds 0.., eval seeds 100000..)"
+"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${ENV_ARGS[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
+"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${ENV_ARGS[@]}" --n "${EVAL_N}" --seed 100000 \
+  --out "${OUT_DIR}/eval.jsonl"
+# The run-tiny-tcod.sh flags minus the seeds, which vary per run below.
+base_args() {
+  printf '%s\n' --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle \
+    --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
+    --custom-generate-function-path slime.rollout.multi_turn.generate \
+    --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480 \
+    --eval-prompt-data "${SETTING}" "${OUT_DIR}/eval.jsonl" --eval-temperature 0.4
+}
+mapfile -t BASE < <(base_args)
+
+if [ -n "${TEACHER:-}" ] && [ -n "${STUDENT:-}" ]; then
+  phase "reusing teacher ${TEACHER} and student ${STUDENT}"
+else
+  phase "SFT: teacher ${TEACHER_STEPS} steps, student = checkpoint at ${STUDENT_STEPS}"
+  "${PYTHON}" -m slime.utils.tiny_models --out "${OUT_DIR}/init" --hidden-size 64 --num-layers 2 --num-heads 4 \
+    --seed 0 > /dev/null
+  rm -rf "${OUT_DIR}/sft"
+  "${PYTHON}" train.py "${BASE[@]}" --seed 0 --rollout-seed 0 --hf-checkpoint "${OUT_DIR}/init" \
+    --loss-type sft_loss --rollout-function-path slime.rollout.sft_rollout.generate_rollout \
+    --rollout-batch-size 64 --global-batch-size 8 --micro-batch-size 8 --lr 3e-3 --num-rollout "${TEACHER_STEPS}" \
+    --save "${OUT_DIR}/sft" --save-interval "${STUDENT_STEPS}" \
+    --eval-interval "${STUDENT_STEPS}" --skip-eval-before-train
+  ckpt() { printf '%s/sft/iter_%07d/model/hf' "${OUT_DIR}" "$(( $1 - 1 ))"; }
+  TEACHER="$(ckpt "${TEACHER_STEPS}")"
+  STUDENT="$(ckpt "${STUDENT_STEPS}")"
+  [ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${OUT_DIR}/sft"
+fi
+# Full-episode eval success of teacher and student, from the SFT run that made them.
+SFT_METRICS="${SFT_METRICS:-$(dirname "$(dirname "$(dirname "${TEACHER}")")")/metrics.jsonl}"
+sft_eval() { "${PYTHON}" -c "
+import re, sys; from slime.utils.metrics import read_metrics
+step = int(re.search(r'iter_(\d+)', sys.argv[2]).group(1))
+print(next(v for r in read_metrics(sys.argv[1]) if r['step'] == step for k, v in r.items()
+           if k.startswith('eval/') and k.endswith('/success_rate')))
+" "${SFT_METRICS}" "$1"; }
+TEACHER_SUCCESS="$(sft_eval "${TEACHER}")"
+STUDENT_SUCCESS="$(sft_eval "${STUDENT}")"
+echo "full-episode eval success: teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}" | tee "${OUT_DIR}/sft_eval.txt"
+
+phase "teacher server"
+PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
+"${PYTHON}" -m slime.backends.hf_engine --model-path "${TEACHER}" --port "${PORT}" --random-seed 0 \
+  > "${OUT_DIR}/teacher_server.log" 2>&1 &
+TEACHER_PID=$!
+"${PYTHON}" - "${PORT}" "${TEACHER_PID}" <<'EOF' || die "teacher server did not come up; see ${OUT_DIR}/teacher_server.log"
+import os, sys, time, urllib.request
+port, pid = sys.argv[1], int(sys.argv[2])
+for _ in range(240):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=5)
+        sys.exit(0)
+    except OSError:
+        os.kill(pid, 0)
+        time.sleep(0.5)
+sys.exit(1)
+EOF
+
+declare -A RUN_ARGS=(
+  [opd]=""
+  [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
+  [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+)
+for seed in ${SEEDS}; do
+  for run in opd f2b b2f; do
+    phase "seed ${seed} ${run}: ${STEPS} steps x ${BATCH} episodes"
+    dir="${OUT_DIR}/seed${seed}/${run}"
+    rm -rf "${dir}"; mkdir -p "${OUT_DIR}/seed${seed}"
+    t0=${SECONDS}
+    # shellcheck disable=SC2086  # RUN_ARGS values are flag lists
+    "${PYTHON}" train.py "${BASE[@]}" --seed "${seed}" --rollout-seed "${seed}" --hf-checkpoint "${STUDENT}" \
+      --rollout-batch-size "${BATCH}" --micro-batch-size 2 --global-batch-size 2 --num-rollout "${STEPS}" \
+      --lr "${LR}" --rollout-temperature 1.0 --eval-interval "${STEPS}" --skip-eval-before-train \
+      --use-opd --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate" \
+      --custom-rm-path slime.rollout.on_policy_distillation.reward_func \
+      --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards \
+      ${RUN_ARGS[${run}]} --metrics-dir "${dir}" > "${dir}.log" 2>&1 || die "run failed; see ${dir}.log"
+    echo "$(( SECONDS - t0 ))" > "${dir}/process_wall_s.txt"
+  done
+done
+
+phase "report"
+"${PYTHON}" benchmarks/tcod_vs_opd_report.py --dir "${OUT_DIR}" --setting "${SETTING}" \
+  --teacher-success "${TEACHER_SUCCESS}" --start-eval "${STUDENT_SUCCESS}"
+phase "done in $(( SECONDS - T_START )) s"

@@ -1,0 +1,191 @@
+"""Mean +- std over seeds of a TCOD vs vanilla OPD sweep (benchmarks/tcod_vs_opd.sh).
+
+    python benchmarks/tcod_vs_opd_report.py --dir outputs/tcod-vs-opd/gridnav --setting gridnav \\
+        [--teacher-success 0.75] [--start-eval 0.46]
+
+Reads DIR/seed*/{opd,f2b,b2f}/metrics.jsonl. Per-run numbers come from
+examples/multi_turn_tcod/report.py (``summarize``: start/end of per-step series are 3-step means);
+this module only averages them over seeds. Writes benchmarks/results/tcod_vs_opd/SETTING.md and
+.json, and docs/en/assets/tcod_vs_opd_SETTING.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from examples.multi_turn_tcod.report import (  # noqa: E402
+    TRAIN_SUCCESS, TRAJ_KL, eval_key, mean_per_turn_kl, summarize, train_steps)
+from slime.utils.metrics import read_metrics  # noqa: E402
+
+METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
+
+
+def load(out_dir: Path) -> dict[str, dict[int, list[dict]]]:
+    """method -> seed -> metrics records, for every finished run under ``out_dir``."""
+    runs: dict[str, dict[int, list[dict]]] = {m: {} for m, _ in METHODS}
+    for seed_dir in sorted(out_dir.glob("seed*")):
+        seed = int(seed_dir.name[len("seed"):])
+        for method, _ in METHODS:
+            path = seed_dir / method / "metrics.jsonl"
+            if path.exists():
+                records = read_metrics(str(path))
+                if eval_key(records):  # the final evaluation marks a finished run
+                    runs[method][seed] = records
+    return runs
+
+
+def mean_std(values) -> tuple[float | None, float | None, int]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None, 0
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0), len(values)
+
+
+def _pm(values, digits=2) -> str:
+    mean, std, n = mean_std(values)
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def run_numbers(records, start_eval) -> dict:
+    s = summarize(records, start_eval)
+    steps = train_steps(records)
+    s["train_success_final"] = steps[-1].get(TRAIN_SUCCESS) if steps else None
+    s["tokens_per_step"] = s["trained_tokens"] / max(1, len(steps))
+    s["s_per_step"] = s["wall_time_s"] / max(1, len(steps))
+    return s
+
+
+def table(runs, start_eval) -> tuple[str, dict]:
+    head = ("| method | seeds | steps | train success, last 3 steps | eval success (full episodes), end | "
+            "trajectory KL first 3 -> last 3 steps | trained tokens total (per step) | "
+            "train-loop wall time total s (per step) |")
+    lines = [head, "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    summary = {}
+    for method, name in METHODS:
+        per_seed = {seed: run_numbers(records, start_eval) for seed, records in sorted(runs[method].items())}
+        if not per_seed:
+            continue
+        col = {key: [s[key] for s in per_seed.values()] for key in next(iter(per_seed.values()))}
+        summary[name] = {"per_seed": per_seed, "mean_std": {k: mean_std(v)[:2] for k, v in col.items()
+                                                            if all(isinstance(x, (int, float)) or x is None for x in v)}}
+        lines.append(
+            f"| {name} | {len(per_seed)} | {per_seed[next(iter(per_seed))]['steps']} | "
+            f"{_pm(col['train_success_end'])} | {_pm(col['eval_success_end'])} | "
+            f"{_pm(col['traj_kl_start'])} -> {_pm(col['traj_kl_end'])} | "
+            f"{_pm(col['trained_tokens'], 0)} ({_pm(col['tokens_per_step'], 0)}) | "
+            f"{_pm(col['wall_time_s'], 0)} ({_pm(col['s_per_step'], 1)}) |")
+    return "\n".join(lines), summary
+
+
+def per_turn_early_late(runs, method) -> tuple[list, list]:
+    """Per-turn KL by turn index over the first and last third of the steps, averaged over seeds."""
+    early, late = [], []
+    for records in runs[method].values():
+        steps = train_steps(records)
+        third = max(1, len(steps) // 3)
+        early.extend(steps[:third])
+        late.extend(steps[-third:])
+    return mean_per_turn_kl(early), mean_per_turn_kl(late)
+
+
+def _band(ax, runs_of_method, key, color, label):
+    series = [[r.get(key) for r in train_steps(records)] for records in runs_of_method.values()]
+    if not series:
+        return
+    width = min(len(s) for s in series)
+    xs, means, stds = [], [], []
+    for i in range(width):
+        mean, std, _ = mean_std(s[i] for s in series)
+        if mean is not None:
+            xs.append(i)
+            means.append(mean)
+            stds.append(std)
+    ax.plot(xs, means, color=color, label=label)
+    ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                    color=color, alpha=0.15)
+
+
+def plot(runs, png: Path, setting: str, teacher_success, start_eval) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    ax_succ, ax_kl, ax_turn, ax_cost = axes.flat
+    ax_time = ax_cost.twinx()
+    for i, (method, name) in enumerate(METHODS):
+        color = f"C{i}"
+        if not runs[method]:
+            continue
+        n = len(runs[method])
+        _band(ax_succ, runs[method], TRAIN_SUCCESS, color, f"{name} train (its curriculum episodes)")
+        ends = [summarize(r, start_eval) for r in runs[method].values()]
+        mean, std, _ = mean_std(s["eval_success_end"] for s in ends)
+        last = ends[0]["steps"] - 1
+        if start_eval is not None:
+            ax_succ.errorbar([-1, last], [start_eval, mean], yerr=[0, std], fmt="o--", color=color, capsize=3,
+                             label=f"{name} eval, full episodes")
+        _band(ax_kl, runs[method], TRAJ_KL, color, name)
+        early, late = per_turn_early_late(runs, method)
+        for curve, style, label in ((early, ":", "first third"), (late, "-", "last third")):
+            turns = [t for t, v in enumerate(curve) if v is not None]
+            ax_turn.plot(turns, [curve[t] for t in turns], style, marker=".", color=color, label=f"{name}, {label}")
+        _band(ax_cost, runs[method], "rollout/trained_tokens", color, f"{name} trained tokens/step")
+        _band(ax_time, runs[method], "time/step", color, f"{name} s/step (dashed)")
+        ax_time.lines[-1].set_linestyle("--")
+        ax_cost.set_title(f"trained tokens per step (solid) and train-loop s/step (dashed), {n} seeds")
+    if teacher_success is not None:
+        ax_succ.axhline(teacher_success, color="k", lw=0.8, ls="-.", label="teacher eval")
+    ax_succ.set(title=f"{setting}: success rate (mean ± std over seeds)", xlabel="step", ylabel="success",
+                ylim=(-0.02, 1.02))
+    ax_kl.set(title="trajectory KL to the teacher (sum over student tokens)", xlabel="step")
+    ax_turn.set(title="per-turn KL by turn index: first vs last third of steps", xlabel="turn index (0-based)",
+                ylabel="KL")
+    ax_cost.set(xlabel="step", ylabel="tokens")
+    ax_time.set(ylabel="seconds per step")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", required=True, type=Path)
+    p.add_argument("--setting", required=True)
+    p.add_argument("--teacher-success", type=float)
+    p.add_argument("--start-eval", type=float, help="the student's eval success before OPD (from its SFT run)")
+    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks/results/tcod_vs_opd")
+    p.add_argument("--png", type=Path)
+    args = p.parse_args(argv)
+    runs = load(args.dir)
+    md, summary = table(runs, args.start_eval)
+    head = (f"{args.setting}: teacher eval success {args.teacher_success}, student (start) {args.start_eval}; "
+            "mean ± std over seeds")
+    print(head + "\n\n" + md)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"{args.setting}.md").write_text(head + "\n\n" + md + "\n")
+    (args.results_dir / f"{args.setting}.json").write_text(json.dumps(
+        {"setting": args.setting, "teacher_success": args.teacher_success, "start_eval": args.start_eval,
+         "methods": summary}, indent=1, default=str) + "\n")
+    plot(runs, args.png or REPO / f"docs/en/assets/tcod_vs_opd_{args.setting}.png", args.setting,
+         args.teacher_success, args.start_eval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
