@@ -90,18 +90,8 @@ PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0
 "${PYTHON}" -m slime.backends.hf_engine --model-path "${TEACHER}" --port "${PORT}" --random-seed 0 \
   > "${OUT_DIR}/teacher_server.log" 2>&1 &
 TEACHER_PID=$!
-"${PYTHON}" - "${PORT}" "${TEACHER_PID}" <<'EOF' || die "teacher server did not come up; see ${OUT_DIR}/teacher_server.log"
-import os, sys, time, urllib.request
-port, pid = sys.argv[1], int(sys.argv[2])
-for _ in range(240):
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=5)
-        sys.exit(0)
-    except OSError:
-        os.kill(pid, 0)
-        time.sleep(0.5)
-sys.exit(1)
-EOF
+"${PYTHON}" -m slime.backends.sglang_utils.wait_healthy --port "${PORT}" --pid "${TEACHER_PID}" \
+  || die "teacher server did not come up; see ${OUT_DIR}/teacher_server.log"
 
 declare -A RUN_ARGS=(
   [opd]=""
