@@ -9,7 +9,8 @@
 #      (seed-major order, so a cut-short sweep still has whole seeds)
 #   3. benchmarks/tcod_vs_opd_report.py: mean +- std table and plots
 # Environment: SETTING (gridnav | hanoi | gridnav-long), SEEDS ("0 1 2"), STEPS, ETA, BATCH, LR,
-# TEACHER_STEPS, STUDENT_STEPS, TEACHER, STUDENT, OUT_DIR (default outputs/tcod-vs-opd/SETTING).
+# EVAL_INTERVAL (default STEPS: one evaluation, at the end), TEACHER_STEPS, STUDENT_STEPS, TEACHER,
+# STUDENT, OUT_DIR (default outputs/tcod-vs-opd/SETTING).
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
@@ -21,6 +22,7 @@ STEPS="${STEPS:-12}"
 ETA="${ETA:-1}"
 BATCH="${BATCH:-8}"
 LR="${LR:-2e-4}"
+EVAL_INTERVAL="${EVAL_INTERVAL:-${STEPS}}"
 TEACHER_STEPS="${TEACHER_STEPS:-90}"
 STUDENT_STEPS="${STUDENT_STEPS:-30}"
 MAX_TURNS=10
@@ -107,7 +109,7 @@ for seed in ${SEEDS}; do
     # shellcheck disable=SC2086  # RUN_ARGS values are flag lists
     "${PYTHON}" train.py "${BASE[@]}" --seed "${seed}" --rollout-seed "${seed}" --hf-checkpoint "${STUDENT}" \
       --rollout-batch-size "${BATCH}" --micro-batch-size 2 --global-batch-size 2 --num-rollout "${STEPS}" \
-      --lr "${LR}" --rollout-temperature 1.0 --eval-interval "${STEPS}" --skip-eval-before-train \
+      --lr "${LR}" --rollout-temperature 1.0 --eval-interval "${EVAL_INTERVAL}" --skip-eval-before-train \
       --use-opd --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate" \
       --custom-rm-path slime.rollout.on_policy_distillation.reward_func \
       --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards \

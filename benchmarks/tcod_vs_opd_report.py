@@ -22,7 +22,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from examples.multi_turn_tcod.report import (  # noqa: E402
-    TRAIN_SUCCESS, TRAJ_KL, eval_key, mean_per_turn_kl, summarize, train_steps)
+    TRAIN_SUCCESS, TRAJ_KL, eval_key, evals_of, mean_per_turn_kl, summarize, train_steps)
 from slime.utils.metrics import read_metrics  # noqa: E402
 
 METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
@@ -37,7 +37,9 @@ def load(out_dir: Path) -> dict[str, dict[int, list[dict]]]:
             path = seed_dir / method / "metrics.jsonl"
             if path.exists():
                 records = read_metrics(str(path))
-                if eval_key(records):  # the final evaluation marks a finished run
+                key = eval_key(records)
+                # A finished run evaluates at its last step (with --eval-interval it also evaluated earlier).
+                if key and key in max(records, key=lambda r: r["step"]):
                     runs[method][seed] = records
     return runs
 
@@ -65,6 +67,20 @@ def run_numbers(records, start_eval) -> dict:
     return s
 
 
+def eval_curve(runs_of_method, start_eval) -> list[tuple[int, float, float]]:
+    """(step, mean, std) of full-episode eval success over seeds, at the steps every seed evaluated."""
+    per_seed = [dict(evals_of(records, start_eval)) for records in runs_of_method.values()]
+    if not per_seed:
+        return []
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    return [(step, *mean_std(d[step] for d in per_seed)[:2]) for step in steps]
+
+
+def curve_text(curve) -> str:
+    """``step: mean`` pairs; step -1 is the student before training (its SFT run's evaluation)."""
+    return ", ".join(f"{'start' if step < 0 else step}: {mean:.2f}" for step, mean, _ in curve)
+
+
 def table(runs, start_eval) -> tuple[str, dict]:
     head = ("| method | seeds | steps | train success, last 3 steps | eval success (full episodes), end | "
             "trajectory KL first 3 -> last 3 steps | trained tokens total (per step) | "
@@ -84,6 +100,12 @@ def table(runs, start_eval) -> tuple[str, dict]:
             f"{_pm(col['traj_kl_start'])} -> {_pm(col['traj_kl_end'])} | "
             f"{_pm(col['trained_tokens'], 0)} ({_pm(col['tokens_per_step'], 0)}) | "
             f"{_pm(col['wall_time_s'], 0)} ({_pm(col['s_per_step'], 1)}) |")
+    curves = {name: eval_curve(runs[method], start_eval) for method, name in METHODS if runs[method]}
+    if any(len(c) > 2 for c in curves.values()):
+        lines += ["", "| method | eval success over steps (mean over seeds) |", "| --- | --- |"]
+        lines += [f"| {name} | {curve_text(curve)} |" for name, curve in curves.items()]
+        for name, curve in curves.items():
+            summary[name]["eval_curve"] = curve
     return "\n".join(lines), summary
 
 
@@ -130,11 +152,10 @@ def plot(runs, png: Path, setting: str, teacher_success, start_eval) -> None:
             continue
         n = len(runs[method])
         _band(ax_succ, runs[method], TRAIN_SUCCESS, color, f"{name} train (its curriculum episodes)")
-        ends = [summarize(r, start_eval) for r in runs[method].values()]
-        mean, std, _ = mean_std(s["eval_success_end"] for s in ends)
-        last = ends[0]["steps"] - 1
-        if start_eval is not None:
-            ax_succ.errorbar([-1, last], [start_eval, mean], yerr=[0, std], fmt="o--", color=color, capsize=3,
+        curve = eval_curve(runs[method], start_eval)
+        if curve:
+            xs, means, stds = zip(*curve)
+            ax_succ.errorbar(xs, means, yerr=stds, fmt="o--", color=color, capsize=3,
                              label=f"{name} eval, full episodes")
         _band(ax_kl, runs[method], TRAJ_KL, color, name)
         early, late = per_turn_early_late(runs, method)

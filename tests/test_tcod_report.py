@@ -36,3 +36,32 @@ def test_plot_writes_png(tmp_path):
     png = tmp_path / "p.png"
     plot({"a": _records(), "b": _records()}, png, teacher_success=0.9, start_eval=0.1)
     assert png.stat().st_size > 1000
+
+
+def _write_run(path, records):
+    import json
+
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_sweep_report_averages_eval_curves_and_skips_unfinished_runs(tmp_path):
+    from benchmarks.tcod_vs_opd_report import eval_curve, load, table
+
+    for seed, shift in ((0, 0.0), (1, 0.2)):
+        records = _records()
+        for r in records:
+            if "eval/gridnav/success_rate" in r:
+                r["eval/gridnav/success_rate"] += shift
+        _write_run(tmp_path / f"seed{seed}" / "opd", records)
+    # Evaluated at step 2 but stopped before its last step (5): unfinished, so not counted.
+    _write_run(tmp_path / "seed2" / "opd", _records()[:4])
+    runs = load(tmp_path)
+    assert sorted(runs["opd"]) == [0, 1] and runs["f2b"] == {}
+    curve = eval_curve(runs["opd"], start_eval=0.1)
+    assert [step for step, _, _ in curve] == [-1, 2, 5]
+    assert abs(curve[1][1] - 0.3) < 1e-9 and abs(curve[2][1] - 0.6) < 1e-9  # (0.2 + 0.4) / 2, (0.5 + 0.7) / 2
+    assert curve[0][2] == 0.0  # the shared start has no spread
+    md, summary = table(runs, start_eval=0.1)
+    assert "start: 0.10, 2: 0.30, 5: 0.60" in md
+    assert summary["vanilla OPD"]["eval_curve"] == curve
