@@ -1,6 +1,9 @@
 """Multi-turn rollout throughput: the agent loop against the engine's raw generation rate, same model.
 
-Three sides, alternated within every repeat on one hf_engine process (best time of each is kept):
+Two hf_engine processes serve the same model, one with its prefix cache (the default) and one with
+``--disable-radix-cache``. The agent and replay sides run on both; the cache is flushed before every
+timed run so no run reuses an earlier repeat's identical requests. Sides, alternated within every
+repeat (best time of each is kept):
 
 * agent: ``slime.rollout.multi_turn.generate`` plays ``--episodes`` gridnav episodes concurrently
   (the CPU demo's task: 6x6, no walls, expert length 4..10, ``--max-turns 10``, 8 tokens per turn).
@@ -8,8 +11,8 @@ Three sides, alternated within every repeat on one hf_engine process (best time 
   turn, in order (input = the recorded history before the turn, as many new tokens as the turn had),
   episodes concurrent. Agent minus replay = env steps, observation tokenization, loop bookkeeping.
 * raw: one plain /generate per episode, concurrent: the episode's prompt, as many new tokens as the
-  episode generated in all turns (``ignore_eos``). Replay minus raw = per-turn round trips and
-  re-prefilling the history every turn (the hf_engine keeps no KV cache between requests).
+  episode generated in all turns (``ignore_eos``), on the engine without cache. Replay minus raw =
+  per-turn round trips and, without the cache, re-prefilling the history every turn.
 
 It also times env.step and observation tokenization in-process on the recorded actions.
 
@@ -88,6 +91,20 @@ def run_raw(url, episodes, temperature):
     run_async(go())
 
 
+def flush(engine_url):
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{engine_url}/flush_cache", method="POST"), timeout=60).read()
+
+
+def cache_stats(engine_url) -> dict:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{engine_url}/get_server_info", timeout=60) as reply:
+        return json.loads(reply.read())["prefix_cache"]
+
+
 def generated(s: Sample) -> int:
     return sum(s.loss_mask)
 
@@ -119,8 +136,9 @@ def plot(rates, path):
     import matplotlib.pyplot as plt
 
     names = list(rates)
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    bars = ax.bar(names, [rates[n] for n in names], color=["tab:blue", "tab:orange", "tab:green"])
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    bars = ax.bar([n.replace(", ", "\n") for n in names], [rates[n] for n in names],
+                  color=[f"C{i}" for i in range(len(names))])
     ax.bar_label(bars, fmt="%.0f")
     ax.set_ylabel("generated tokens / s")
     ax.set_title("Multi-turn rollout vs raw engine generation")
@@ -147,31 +165,49 @@ def main(argv=None):
     workdir = Path(tempfile.mkdtemp(prefix="rollout_bench_"))
     ckpt = str(save_tiny_checkpoint(workdir / "model", hidden_size=a.hidden_size, num_layers=a.num_layers,
                                     num_heads=4))
-    engine = launch_engine(Namespace(rollout_backend="hf_engine", engine_host="127.0.0.1", seed=0,
-                                     rollout_concurrency=a.episodes, hf_checkpoint=ckpt),
-                           log_dir=workdir / "logs", timeout=300, env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
+    engines = {}
+    for name, disable in (("cache", False), ("no cache", True)):
+        engines[name] = launch_engine(
+            Namespace(rollout_backend="hf_engine", engine_host="127.0.0.1", seed=0, rollout_concurrency=a.episodes,
+                      hf_checkpoint=ckpt, sglang_disable_radix_cache=disable),
+            log_dir=workdir / "logs", timeout=300, env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
     args = get_parser().parse_args([
         "--hf-checkpoint", ckpt, "--max-turns", str(a.max_turns), "--max-turn-response-len", str(a.turn_tokens),
         "--rollout-max-response-len", "480", "--rollout-interaction-env-path",
         "examples.multi_turn_tcod.envs.make_env", "--rollout-seed", "0"])
     validate_args(args)
-    args.rollout_engine_urls = [engine.url]
-    url = f"{engine.url}/generate"
     temperature = args.rollout_temperature
     tasks = make_tasks(a.episodes)
-    best = {"agent": float("inf"), "replay": float("inf"), "raw": float("inf")}
+    cached, plain = engines["cache"].url, engines["no cache"].url
+
+    def agent_on(engine_url):
+        def run():
+            args.rollout_engine_urls = [engine_url]
+            return run_agent(args, tasks)
+        return run
+
     try:
-        episodes = run_agent(args, tasks)  # warm-up; also fixes the turn lengths the other sides copy
-        sides = {"agent": lambda: run_agent(args, tasks), "replay": lambda: run_replay(url, episodes, temperature),
-                 "raw": lambda: run_raw(url, episodes, temperature)}
+        episodes = agent_on(plain)()  # warm-up; also fixes the turn lengths the other sides copy
+        sides = {"agent, cache": agent_on(cached), "agent, no cache": agent_on(plain),
+                 "replay, cache": lambda: run_replay(f"{cached}/generate", episodes, temperature),
+                 "replay, no cache": lambda: run_replay(f"{plain}/generate", episodes, temperature),
+                 "raw": lambda: run_raw(f"{plain}/generate", episodes, temperature)}
+        best = {name: float("inf") for name in sides}
+        reuse = None
         for _ in range(a.repeats):  # alternate the sides so drifting load hits all alike
             for name, fn in sides.items():
+                flush(cached)
+                before = cache_stats(cached)
                 t0 = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)
+                if name == "agent, cache":
+                    after = cache_stats(cached)
+                    reuse = {k: after[k] - before[k] for k in ("reused_tokens", "looked_up_tokens", "hits", "lookups")}
     finally:
         run_async(http_utils.close_session())
-        engine.stop()
+        for engine in engines.values():
+            engine.stop()
 
     n = len(episodes)
     gen = sum(generated(s) for s in episodes)
@@ -190,8 +226,13 @@ def main(argv=None):
     print("|---|---|---|---|---|")
     for name, t in best.items():
         print(f"| {name} | {t:.3f} | {n / t:.2f} | {gen / t:.0f} | {best['raw'] / t:.2f} |")
-    print(f"agent / raw {best['raw'] / best['agent']:.2f}; replay / raw {best['raw'] / best['replay']:.2f}; "
-          f"agent / replay {best['replay'] / best['agent']:.2f}")
+    print(f"agent / raw: {best['raw'] / best['agent, cache']:.2f} with the prefix cache, "
+          f"{best['raw'] / best['agent, no cache']:.2f} without; the cache speeds the agent up "
+          f"{best['agent, no cache'] / best['agent, cache']:.2f}x and the replay "
+          f"{best['replay, no cache'] / best['replay, cache']:.2f}x")
+    print(f"agent with the cache: {reuse['hits']} of {reuse['lookups']} requests reused a prefix; "
+          f"{reuse['reused_tokens']} of {reuse['looked_up_tokens']} input tokens "
+          f"({reuse['reused_tokens'] / max(1, reuse['looked_up_tokens']):.0%}) came from the cache")
     if a.plot:
         plot(rates, a.plot)
         print(f"plot written to {a.plot}")

@@ -38,6 +38,13 @@ def test_hf_engine_command_from_args():
     flags = dict(zip(cmd[3::1], cmd[4::1]))
     assert flags["--model-path"] == "/tmp/m" and flags["--host"] == "127.0.0.1"
     assert flags["--max-batch-size"] == "16" and "--tp-size" not in flags
+    assert "--disable-radix-cache" not in cmd  # the prefix cache is on unless asked otherwise
+
+
+@pytest.mark.parametrize("backend", ["hf_engine", "sglang"])
+def test_disable_radix_cache_reaches_both_engines(backend):
+    args = _args("--rollout-backend", backend, "--sglang-disable-radix-cache")
+    assert "--disable-radix-cache" in build_engine_command(args, model_path="/tmp/m", port=1234)
 
 
 def test_launch_generate_update_and_stop(tmp_path):

@@ -39,6 +39,8 @@ def add_cluster_arguments(parser):
     g.add_argument("--sglang-router-ip", type=str, default=None)
     g.add_argument("--sglang-router-port", type=int, default=None)
     g.add_argument("--sglang-mem-fraction-static", type=float, default=None)
+    g.add_argument("--sglang-disable-radix-cache", action="store_true",
+                   help="engines prefill every request from scratch (no prefix / radix cache)")
     g.add_argument("--engine-host", type=str, default="127.0.0.1", help="bind address of started engines")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--dry-run", action="store_true", help="parse, validate, print the plan, start nothing")

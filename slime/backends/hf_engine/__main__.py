@@ -26,6 +26,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--random-seed", type=int, default=0, help="seeds requests that bring no sampling_seed")
+    p.add_argument("--prefix-cache-mb", type=float, default=512,
+                   help="memory for the KV of finished requests, reused by requests that share their prefix")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="SGLang's name: turn the prefix cache off (every request is prefilled from scratch)")
     p.add_argument("--log-level", default="info")
     # One thread unless told otherwise: on a small shared CPU box (the demo runs trainer, policy engine
     # and teacher engine on 2 cores) torch's default spins OpenMP threads against the other processes;
@@ -37,6 +41,8 @@ def parse_args(argv=None):
         p.error("--max-batch-size and --max-prefill-tokens must be >= 1")
     if args.threads < 0:
         p.error("--threads must be >= 0")
+    if args.prefix_cache_mb < 0:
+        p.error("--prefix-cache-mb must be >= 0")
     return args
 
 
@@ -48,8 +54,9 @@ def build(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     runner = ModelRunner(args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device)
+    cache_bytes = 0 if args.disable_radix_cache else int(args.prefix_cache_mb * 2**20)
     scheduler = Scheduler(runner, max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
-                          seed=args.random_seed)
+                          seed=args.random_seed, prefix_cache_bytes=cache_bytes)
     scheduler.start()
     return make_app(runner, scheduler)
 

@@ -143,23 +143,64 @@ class ModelRunner:
         return logp.gather(-1, row_ids[lo + 1:hi + 1, None].to(logp.device)).squeeze(-1).cpu()
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[list[int]], starts: list[int | None]):
+    def prefill(self, seqs: list[list[int]], starts: list[int | None], prefixes: list | None = None):
         """Run prompts, returning (DecodeBatch, last-position logits [B, V], input log-probs per row).
 
         ``starts[i]`` is None when row i needs no input log-probs; full-sequence logits are only
-        materialised when some row asks for them.
+        materialised when some row asks for them. ``prefixes[i]`` is ``(n, entry)`` from the prefix
+        cache: the KV of row i's first ``n`` tokens is taken from ``entry`` and only the rest is fed
+        (``(0, None)`` for a row without one). A row's ``starts[i]`` must then be ``>= n``.
         """
-        ids, mask = _left_pad(seqs, self.pad_id)
+        reused = [n for n, _ in prefixes] if prefixes else [0] * len(seqs)
+        past_width = max(reused)
+        fed = [s[n:] for s, n in zip(seqs, reused)]
+        ids, fed_mask = _left_pad(fed, self.pad_id)
+        if past_width:
+            past, past_mask = self._past_cache(prefixes, past_width)
+            mask = torch.cat([past_mask, fed_mask], dim=1)
+            kwargs = {self._cache_kw: past}
+        else:
+            mask, kwargs = fed_mask, {}
+        # Position ids count the real tokens before each one, the reused ones included.
+        positions = _positions(fed_mask) + torch.tensor(reused, dtype=torch.long).view(-1, 1)
         need_all = any(s is not None for s in starts)
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=_positions(mask).to(self.device), use_cache=True,
-                         logits_to_keep=0 if need_all else 1)
+                         position_ids=positions.to(self.device), use_cache=True,
+                         logits_to_keep=0 if need_all else 1, **kwargs)
         width = ids.shape[1]
-        input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(s), start)
-                     for i, (s, start) in enumerate(zip(seqs, starts))]
+        input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(f), start - n)
+                     for i, (f, start, n) in enumerate(zip(fed, starts, reused))]
         batch = DecodeBatch(cache=_cache_of(out), mask=mask,
                             next_pos=torch.tensor([len(s) for s in seqs], dtype=torch.long))
         return batch, out.logits[:, -1, :], input_lps
+
+    def _past_cache(self, prefixes, width: int):
+        """A DynamicCache holding each row's reused KV, right-aligned in ``width`` columns, and its mask."""
+        from transformers import DynamicCache
+
+        template = next(entry for n, entry in prefixes if n)
+        mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for row, (n, _) in enumerate(prefixes):
+            mask[row, width - n:] = 1
+        cache = DynamicCache()
+        for layer, (k0, _) in enumerate(template.layers):
+            shape = (len(prefixes), k0.shape[0], width, k0.shape[2])
+            keys = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
+            values = torch.zeros_like(keys)
+            for row, (n, entry) in enumerate(prefixes):
+                if n:
+                    keys[row, :, width - n:] = entry.layers[layer][0][:, :n]
+                    values[row, :, width - n:] = entry.layers[layer][1][:, :n]
+            cache.update(keys, values, layer)
+        return cache, mask
+
+    @staticmethod
+    def row_kv(batch: "DecodeBatch", row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of one row's KV over its real columns, per layer ``[heads, tokens, head_dim]``."""
+        cols = batch.mask[row].nonzero().view(-1)
+        return [(layer.keys[row].index_select(1, cols.to(layer.keys.device)).contiguous(),
+                 layer.values[row].index_select(1, cols.to(layer.values.device)).contiguous())
+                for layer in batch.cache.layers]
 
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch, tokens: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,10 @@ rows), (3) decodes one token for every running row. Rows leave the batch as soon
 
 A weight update is a barrier in the queue: requests that arrived before it finish on the old weights
 (the worker stops admitting and drains the running batch first); requests after it see the new ones.
+
+Finished generations leave their KV in a prefix cache (``prefix_cache``) so a later request that
+starts with the same tokens (the next turn of an agent, another sample of the same prompt) prefills
+only what is new. The cache is cleared with every weight update: old weights' KV would be wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from slime.backends.hf_engine.protocol import (GenerateRequest, GenerateResult, finish_abort, finish_length,
                                                finish_stop)
+from slime.backends.hf_engine.prefix_cache import PrefixCache
 from slime.backends.hf_engine.sampling import make_generator, sample_next
 
 logger = logging.getLogger(__name__)
@@ -54,7 +59,7 @@ class _Job:
 
 @dataclass
 class _Barrier:
-    kind: str  # "update_weights"
+    kind: str  # "update_weights" | "flush_cache"
     payload: dict
     loop: object
     future: object
@@ -62,8 +67,9 @@ class _Barrier:
 
 class Scheduler:
     def __init__(self, runner, *, max_batch_size: int = 64, max_prefill_tokens: int = 16384,
-                 batch_wait_s: float = 0.002, seed: int = 0):
+                 batch_wait_s: float = 0.002, seed: int = 0, prefix_cache_bytes: int = 0):
         self.runner = runner
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.batch_wait_s = batch_wait_s
@@ -91,6 +97,10 @@ class Scheduler:
 
     def submit_update_weights(self, model_path: str, loop, future) -> None:
         self._inbox.put(_Barrier("update_weights", {"model_path": model_path}, loop, future))
+
+    def submit_flush_cache(self, loop, future) -> None:
+        """Drop the prefix cache: a barrier, so requests that arrived before it may still use it."""
+        self._inbox.put(_Barrier("flush_cache", {}, loop, future))
 
     def abort(self, rid: str | None) -> None:
         """Abort one request by rid, or every request when rid is None."""
@@ -174,7 +184,12 @@ class Scheduler:
             self._decode_step()
 
     def _run_barrier(self, barrier: _Barrier):
+        if barrier.kind == "flush_cache":
+            self.prefix_cache.clear()
+            _resolve(barrier.loop, barrier.future, {"success": True})
+            return
         path = barrier.payload["model_path"]
+        self.prefix_cache.clear()  # KV computed with the old weights must not meet the new ones
         try:
             self.runner.load_weights(path)
             reply = {"success": True, "message": f"weights loaded from {path}"}
@@ -216,12 +231,15 @@ class Scheduler:
             return
         for job in jobs:
             self._waiting.remove(job)
-        for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
+        prefixes = {id(job): self._reusable_prefix(job) for job in jobs}
+        cost = lambda j: len(j.req.input_ids) - prefixes[id(j)][0]  # noqa: E731 - tokens actually fed
+        for group in self._budget_groups(jobs, cost):
             starts = [j.req.logprob_start_len if j.req.return_logprob else None for j in group]
-            batch, logits, input_lps = self.runner.prefill([j.req.input_ids for j in group], starts)
+            batch, logits, input_lps = self.runner.prefill([j.req.input_ids for j in group], starts,
+                                                           [prefixes[id(j)] for j in group])
             for job, lp in zip(group, input_lps):
                 job.result.input_logprobs = lp.tolist() if lp is not None else None
-            tokens, keep = self._advance(group, logits)
+            tokens, keep = self._advance(group, logits, batch)
             if not keep:
                 continue
             batch.keep(keep)
@@ -234,9 +252,32 @@ class Scheduler:
                 self._running = self._running + new_jobs
                 self._last_tokens = torch.cat([self._last_tokens, new_tokens])
 
+    def _reusable_prefix(self, job: _Job):
+        """``(n, entry)``: how many leading input tokens the prefix cache can supply, and from where."""
+        if not self.prefix_cache.enabled:
+            return 0, None
+        ids = job.req.input_ids
+        # The last input token is always fed; input log-probs need the logits from their start on.
+        limit = len(ids) - 1
+        if job.req.return_logprob:
+            limit = min(limit, job.req.logprob_start_len)
+        return self.prefix_cache.lookup(ids, limit)
+
+    def _remember(self, job: _Job, batch, row: int) -> None:
+        """Store a finished row's KV: its input and every output token but the last (never fed)."""
+        if not self.prefix_cache.enabled:
+            return
+        tokens = list(job.req.input_ids) + job.result.output_ids[:-1]
+        layers = self.runner.row_kv(batch, row)
+        if layers and layers[0][0].shape[1] == len(tokens):
+            self.prefix_cache.insert(tokens, layers)
+        else:  # never expected; a mismatch must not poison later requests
+            logger.warning("prefix cache: row has %s KV columns for %d tokens; not stored",
+                           layers[0][0].shape[1] if layers else 0, len(tokens))
+
     def _decode_step(self):
         logits = self.runner.decode(self._batch, self._last_tokens)
-        tokens, keep = self._advance(self._running, logits)
+        tokens, keep = self._advance(self._running, logits, self._batch)
         if len(keep) < len(self._running):
             if keep:
                 self._batch.keep(keep)
@@ -248,8 +289,11 @@ class Scheduler:
         else:
             self._last_tokens = tokens
 
-    def _advance(self, jobs, logits):
-        """Sample one token for each job's row; finish the jobs that are done. Returns (tokens, kept rows)."""
+    def _advance(self, jobs, logits, batch):
+        """Sample one token for each job's row of ``batch``; finish the jobs that are done.
+
+        Returns (tokens, kept rows). Finished rows are stored in the prefix cache first.
+        """
         tokens, logprobs = sample_next(logits, [j.req.sampling for j in jobs], [j.generator for j in jobs])
         keep = []
         for i, job in enumerate(jobs):
@@ -267,6 +311,7 @@ class Scheduler:
                 keep.append(i)
             else:
                 job.result.finish_reason = finish
+                self._remember(job, batch, i)
                 self._reply(job)
         return tokens, keep
 

@@ -93,8 +93,21 @@ async def get_model_info(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    # There is no prefix cache to flush: every request is prefilled from scratch.
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    request.app[SCHEDULER].submit_flush_cache(loop, fut)
+    await fut
     return web.Response(text="Cache flushed.")
+
+
+async def get_server_info(request: web.Request) -> web.Response:
+    """A subset of SGLang's reply, plus the prefix cache's counters (hits, reused tokens, memory)."""
+    runner, scheduler = request.app[RUNNER], request.app[SCHEDULER]
+    return web.json_response({"model_path": runner.model_path, "tokenizer_path": runner.tokenizer_path,
+                              "max_batch_size": scheduler.max_batch_size,
+                              "max_prefill_tokens": scheduler.max_prefill_tokens,
+                              "disable_radix_cache": not scheduler.prefix_cache.enabled,
+                              "prefix_cache": scheduler.prefix_cache.stats()})
 
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
@@ -152,6 +165,7 @@ def make_app(runner, scheduler) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/get_model_info", get_model_info)
+    app.router.add_get("/get_server_info", get_server_info)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/flush_cache", flush_cache)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)

@@ -46,6 +46,8 @@ def build_sglang_command(args, *, model_path: str | None = None, host: str | Non
         cmd += ["--base-gpu-id", str(base_gpu_id)]
     if getattr(args, "rollout_max_context_len", None):
         cmd += ["--context-length", str(args.rollout_max_context_len)]
+    if getattr(args, "sglang_disable_radix_cache", False):
+        cmd += ["--disable-radix-cache"]
     return cmd
 
 
@@ -59,6 +61,8 @@ def build_hf_engine_command(args, *, model_path: str | None = None, host: str | 
     batch = max_batch_size or getattr(args, "rollout_concurrency", None)
     if batch:
         cmd += ["--max-batch-size", str(batch)]
+    if getattr(args, "sglang_disable_radix_cache", False):
+        cmd += ["--disable-radix-cache"]  # the hf_engine takes SGLang's flag name
     return cmd
 
 
