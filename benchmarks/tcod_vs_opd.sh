@@ -27,10 +27,14 @@ TEACHER_STEPS="${TEACHER_STEPS:-90}"
 STUDENT_STEPS="${STUDENT_STEPS:-30}"
 MAX_TURNS=10
 EVAL_N=24
+TURN_LEN=8      # tokens per student turn: the longest action plus <|im_end|> must fit
+RESPONSE_LEN=480
 case "${SETTING}" in
   gridnav)      ENV_ARGS=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8) ;;
   gridnav-long) ENV_ARGS=(--env gridnav --size 8 --walls 0 --min-len 7 --max-len 10); MAX_TURNS=14 ;;
-  hanoi)        ENV_ARGS=(--env hanoi --disks 3 --start random --min-len 2 --max-len 7) ;;
+  # "move A B" is 8 tokens, so 9 with <|im_end|>; a turn is ~55 tokens with its observation.
+  hanoi)        ENV_ARGS=(--env hanoi --disks 3 --start random --min-len 2 --max-len 7); TURN_LEN=12
+                RESPONSE_LEN=640 ;;
   *) echo "tcod_vs_opd: unknown SETTING ${SETTING}" >&2; exit 2 ;;
 esac
 
@@ -53,7 +57,7 @@ base_args() {
   printf '%s\n' --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle \
     --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
     --custom-generate-function-path slime.rollout.multi_turn.generate \
-    --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480 \
+    --max-turns "${MAX_TURNS}" --max-turn-response-len "${TURN_LEN}" --rollout-max-response-len "${RESPONSE_LEN}" \
     --eval-prompt-data "${SETTING}" "${OUT_DIR}/eval.jsonl" --eval-temperature 0.4
 }
 mapfile -t BASE < <(base_args)
@@ -75,16 +79,21 @@ else
   STUDENT="$(ckpt "${STUDENT_STEPS}")"
   [ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${OUT_DIR}/sft"
 fi
-# Full-episode eval success of teacher and student, from the SFT run that made them.
-SFT_METRICS="${SFT_METRICS:-$(dirname "$(dirname "$(dirname "${TEACHER}")")")/metrics.jsonl}"
-sft_eval() { "${PYTHON}" -c "
-import re, sys; from slime.utils.metrics import read_metrics
-step = int(re.search(r'iter_(\d+)', sys.argv[2]).group(1))
-print(next(v for r in read_metrics(sys.argv[1]) if r['step'] == step for k, v in r.items()
-           if k.startswith('eval/') and k.endswith('/success_rate')))
-" "${SFT_METRICS}" "$1"; }
-TEACHER_SUCCESS="$(sft_eval "${TEACHER}")"
-STUDENT_SUCCESS="$(sft_eval "${STUDENT}")"
+# Full-episode eval success of teacher and student, measured here with this setting's rollout flags
+# (an evaluation-only train.py call: --num-rollout 0 evaluates at step -1 and trains nothing).
+evaluate() {
+  local dir="${OUT_DIR}/eval_$1"
+  rm -rf "${dir}"
+  "${PYTHON}" train.py "${BASE[@]}" --seed 0 --rollout-seed 0 --hf-checkpoint "$2" --num-rollout 0 \
+    --eval-interval 1 --metrics-dir "${dir}" > "${dir}.log" 2>&1 || die "evaluation of $2 failed; see ${dir}.log"
+  "${PYTHON}" -c "
+import sys; from slime.utils.metrics import read_metrics
+print(next(v for r in read_metrics(sys.argv[1]) for k, v in r.items() if k.endswith('/success_rate')))
+" "${dir}/metrics.jsonl"
+}
+phase "evaluating teacher and student (${EVAL_N} tasks, full episodes)"
+TEACHER_SUCCESS="$(evaluate teacher "${TEACHER}")"
+STUDENT_SUCCESS="$(evaluate student "${STUDENT}")"
 echo "full-episode eval success: teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}" | tee "${OUT_DIR}/sft_eval.txt"
 
 phase "teacher server"

@@ -60,6 +60,9 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         finished = [s for s in multi if s.status != Status.FAILED]
         out["multi_turn/success_rate"] = _mean(float(bool(s.metadata.get("success"))) for s in finished)
         out["multi_turn/turns"] = _mean(s.metadata["num_turns"] for s in finished)
+        # Student turns cut before their end-of-turn token (turn length limit or token budget).
+        out["multi_turn/turns_without_stop"] = sum(s.metadata.get("turns_without_stop", 0) for s in finished) / \
+            max(1, sum(s.metadata["num_turns"] for s in finished))
         out["multi_turn/cut"] = sum(1 for s in finished if s.metadata.get("outcome") == "cut")
         out["multi_turn/replay_finished"] = sum(1 for s in everything if s.metadata.get("outcome") == "replay_finished")
         out["multi_turn/env_failed"] = sum(1 for s in multi if s.status == Status.FAILED)
