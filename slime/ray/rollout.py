@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from slime.utils.data import Dataset, RolloutDataSource
+from slime.utils.step_metrics import turns_without_stop_fraction, warn_if_turns_cut
 from slime.utils.misc import load_function
 from slime.utils.types import Status
 
@@ -150,4 +151,8 @@ class RolloutManager:
             successes = [s.metadata["success"] for s in flat if "success" in s.metadata]
             if successes:
                 metrics[f"eval/{name}/success_rate"] = sum(map(float, successes)) / len(successes)
+            cut = turns_without_stop_fraction(flat)
+            if cut is not None:
+                metrics[f"eval/{name}/turns_without_stop"] = cut
+                warn_if_turns_cut(self.args, cut, f"evaluation on {name}")
         return metrics

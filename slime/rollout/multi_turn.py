@@ -33,7 +33,6 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample, Status
 
 logger = logging.getLogger(__name__)
-_WARNED_TURN_LIMIT = False  # the turn-limit warning is given once per process
 
 
 class EnvironmentFault(RuntimeError):
@@ -86,23 +85,6 @@ class _Episode:
         params["sampling_seed"] = sampling_seed(self.args, self.sample, self.evaluation, salt=1 + turn + salt)
         return await post(url, {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True})
 
-    def note_turn_without_stop(self, n_tokens: int) -> None:
-        """Count a turn cut before its end-of-turn token; warn once per process when the turn limit did it.
-
-        The next turn's context then lacks the ``<|im_end|>`` the chat layout (and any SFT on expert
-        turns) puts after an action, so a policy sees text it was never trained on: a silent way to ruin
-        an environment whose actions need more than ``--max-turn-response-len - 1`` tokens.
-        """
-        global _WARNED_TURN_LIMIT
-        self.turns_without_stop += 1
-        if n_tokens >= self.args.max_turn_response_len and not _WARNED_TURN_LIMIT:
-            _WARNED_TURN_LIMIT = True
-            logger.warning("a student turn reached --max-turn-response-len %d without the end-of-turn token; "
-                           "its action is used as cut, and the next turn's context lacks the end-of-turn token. "
-                           "If this environment's actions need %d or more tokens, raise --max-turn-response-len "
-                           "(metric multi_turn/turns_without_stop counts such turns)",
-                           self.args.max_turn_response_len, self.args.max_turn_response_len)
-
     def action_text(self, ids: list[int]) -> str:
         return decode_action(self.tokenizer, ids)
 
@@ -150,8 +132,8 @@ async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
             return "context_full"
         out = await ep.sample_turn(url, prefix_turns + turn, sampling_params)
         ids = list(out["output_ids"])
-        if ep.stop_id not in ids:
-            ep.note_turn_without_stop(len(ids))
+        if ep.stop_id not in ids:  # cut by the turn limit or the budget; see step_metrics.warn_if_turns_cut
+            ep.turns_without_stop += 1
         start = sample.response_length
         sample.append_response_tokens(ep.args, tokens=ids, log_probs=parse_output_logprobs(out["meta_info"]),
                                       trainable=True, update_terminal_info=False)

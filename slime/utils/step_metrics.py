@@ -9,9 +9,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 from slime.utils.types import Status
+
+logger = logging.getLogger(__name__)
+# Above this share of student turns cut before their end-of-turn token, the turn limit is too small
+# for the environment's actions (a temperature-1 student rambling now and then stays far below it).
+CUT_TURNS_WARN_FRACTION = 0.5
+_warned_cut_turns = False
 
 
 def _mean(values):
@@ -44,6 +51,29 @@ def per_turn_kl(samples, per_sample_kl) -> tuple[list[float], list[float]]:
     return [_mean(by_turn.get(i, [])) if i in by_turn else None for i in range(width)], trajectory
 
 
+def turns_without_stop_fraction(samples) -> float | None:
+    """Share of the student turns of finished episodes that ended without their end-of-turn token."""
+    finished = [s for s in samples if "num_turns" in s.metadata and s.status != Status.FAILED]
+    turns = sum(s.metadata["num_turns"] for s in finished)
+    if not turns:
+        return None
+    return sum(s.metadata.get("turns_without_stop", 0) for s in finished) / turns
+
+
+def warn_if_turns_cut(args, fraction: float | None, where: str) -> None:
+    """Warn once per process when most turns are cut: the next contexts then lack the end-of-turn token
+    the chat layout (and SFT on expert turns) puts after each action, so the policy reads text it was
+    never trained on. hanoi's 9-token actions under a limit of 8 looked like an incompetent teacher."""
+    global _warned_cut_turns
+    if fraction is None or fraction <= CUT_TURNS_WARN_FRACTION or _warned_cut_turns:
+        return
+    _warned_cut_turns = True
+    logger.warning("%s: %.0f%% of student turns ended without the end-of-turn token (cut at "
+                   "--max-turn-response-len %s or the response budget). If the environment's actions need "
+                   "that many tokens, raise --max-turn-response-len.", where, 100 * fraction,
+                   getattr(args, "max_turn_response_len", None))
+
+
 def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
     """Metrics of the generated groups (all samples) and of the trained ones (``samples``)."""
     everything = [s for g in groups for s in g]
@@ -60,9 +90,9 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         finished = [s for s in multi if s.status != Status.FAILED]
         out["multi_turn/success_rate"] = _mean(float(bool(s.metadata.get("success"))) for s in finished)
         out["multi_turn/turns"] = _mean(s.metadata["num_turns"] for s in finished)
-        # Student turns cut before their end-of-turn token (turn length limit or token budget).
-        out["multi_turn/turns_without_stop"] = sum(s.metadata.get("turns_without_stop", 0) for s in finished) / \
-            max(1, sum(s.metadata["num_turns"] for s in finished))
+        cut = turns_without_stop_fraction(finished)
+        out["multi_turn/turns_without_stop"] = cut or 0.0
+        warn_if_turns_cut(args, cut, "rollout")
         out["multi_turn/cut"] = sum(1 for s in finished if s.metadata.get("outcome") == "cut")
         out["multi_turn/replay_finished"] = sum(1 for s in everything if s.metadata.get("outcome") == "replay_finished")
         out["multi_turn/env_failed"] = sum(1 for s in multi if s.status == Status.FAILED)
