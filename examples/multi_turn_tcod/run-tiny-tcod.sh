@@ -7,8 +7,8 @@
 #      server, --opd-type sglang, as in run-qwen3-8B-tcod.sh), same steps, seeds and batch
 #   4. table + plot (examples/multi_turn_tcod/report.py) under OUT_DIR
 # Environment: PYTHON (default python3), OUT_DIR (default outputs/tiny-tcod), STEPS, TEACHER_STEPS,
-# STUDENT_STEPS, BATCH, LR, ETA, SEED. Measured: 501 s (8.4 min) on a 2-core machine at load average
-# 1.5 to 5.4 from other jobs, install excluded (examples/multi_turn_tcod/README.md).
+# STUDENT_STEPS, BATCH, LR, ETA, SEED. Measured, install excluded: 385 s (6.4 min) on an otherwise idle
+# 2-core machine; 501 s at load average 1.5 to 5.4 from other jobs (examples/multi_turn_tcod/README.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "${SCRIPT_DIR}/../.." && pwd)"
