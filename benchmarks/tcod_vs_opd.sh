@@ -9,14 +9,16 @@
 #      (seed-major order, so a cut-short sweep still has whole seeds)
 #   3. benchmarks/tcod_vs_opd_report.py: mean +- std table and plots
 # Environment: SETTING (gridnav | hanoi | gridnav-long), SEEDS ("0 1 2"), STEPS, ETA, BATCH, LR,
-# EVAL_INTERVAL (default STEPS: one evaluation, at the end), TEACHER_STEPS, STUDENT_STEPS, TEACHER,
-# STUDENT, OUT_DIR (default outputs/tcod-vs-opd/SETTING).
+# EVAL_INTERVAL (default STEPS: one evaluation, at the end), EVAL_N (held-out tasks, default 24),
+# TEACHER_STEPS, STUDENT_STEPS, TEACHER, STUDENT, LABEL (names the outputs and results, default
+# SETTING), OUT_DIR (default outputs/tcod-vs-opd/LABEL).
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
 PYTHON="${PYTHON:-python3}"
 SETTING="${SETTING:-gridnav}"
-OUT_DIR="${OUT_DIR:-outputs/tcod-vs-opd/${SETTING}}"
+LABEL="${LABEL:-${SETTING}}"
+OUT_DIR="${OUT_DIR:-outputs/tcod-vs-opd/${LABEL}}"
 SEEDS="${SEEDS:-0 1 2}"
 STEPS="${STEPS:-12}"
 ETA="${ETA:-1}"
@@ -26,7 +28,7 @@ EVAL_INTERVAL="${EVAL_INTERVAL:-${STEPS}}"
 TEACHER_STEPS="${TEACHER_STEPS:-90}"
 STUDENT_STEPS="${STUDENT_STEPS:-30}"
 MAX_TURNS=10
-EVAL_N=24
+EVAL_N="${EVAL_N:-24}"
 TURN_LEN=8      # tokens per student turn: the longest action plus <|im_end|> must fit
 RESPONSE_LEN=480
 case "${SETTING}" in
@@ -128,6 +130,6 @@ for seed in ${SEEDS}; do
 done
 
 phase "report"
-"${PYTHON}" benchmarks/tcod_vs_opd_report.py --dir "${OUT_DIR}" --setting "${SETTING}" \
+"${PYTHON}" benchmarks/tcod_vs_opd_report.py --dir "${OUT_DIR}" --setting "${LABEL}" \
   --teacher-success "${TEACHER_SUCCESS}" --start-eval "${STUDENT_SUCCESS}"
 phase "done in $(( SECONDS - T_START )) s"
