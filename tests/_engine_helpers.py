@@ -1,13 +1,16 @@
-"""Test helpers: run an aiohttp app (the hf_engine, or a stub) on a background thread's event loop."""
+"""Test helpers: run an aiohttp app (the hf_engine, or a stub) on a background thread, send it requests, and
+compute reference log-probs with a direct forward."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
+import torch
 from aiohttp import web
 
 from slime.backends.sglang_utils.launcher import find_free_port
+from slime.utils import http_utils
 
 
 class ThreadedApp:
@@ -57,3 +60,37 @@ def start_hf_engine(model_path, **scheduler_kwargs) -> tuple[ThreadedApp, object
     scheduler = Scheduler(runner, **scheduler_kwargs)
     scheduler.start()
     return ThreadedApp(make_app(runner, scheduler)), runner
+
+
+# ---------------------------------------------------------------------------- requests and references
+def run(coro):
+    async def wrapped():
+        try:
+            return await coro
+        finally:
+            await http_utils.close_session()
+
+    return asyncio.run(wrapped())
+
+
+def gen(url, payload):
+    return run(http_utils.post(f"{url}/generate", payload, max_retries=0, timeout=60))
+
+
+def gen_many(url, payloads):
+    async def all_at_once():
+        return await asyncio.gather(*(http_utils.post(f"{url}/generate", p, max_retries=0, timeout=120)
+                                      for p in payloads))
+
+    return run(all_at_once())
+
+
+@torch.no_grad()
+def token_logprobs(model, ids, temperature=1.0):
+    """log p(ids[j] | ids[:j]) for j >= 1 from one unbatched forward."""
+    logits = model(torch.tensor([ids])).logits[0, :-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+
+
+def values(entries):
+    return torch.tensor([e[0] for e in entries])

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from slime.utils import http_utils
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 
-from _engine_helpers import start_hf_engine
+from _engine_helpers import gen, gen_many, run, start_hf_engine, token_logprobs, values
 
 TOL = 1e-4
 
@@ -42,35 +42,6 @@ def tok():
     return build_tokenizer()
 
 
-def run(coro):
-    async def wrapped():
-        try:
-            return await coro
-        finally:
-            await http_utils.close_session()
-
-    return asyncio.run(wrapped())
-
-
-def gen(url, payload):
-    return run(http_utils.post(f"{url}/generate", payload, max_retries=0, timeout=60))
-
-
-def gen_many(url, payloads):
-    async def all_at_once():
-        return await asyncio.gather(*(http_utils.post(f"{url}/generate", p, max_retries=0, timeout=120)
-                                      for p in payloads))
-
-    return run(all_at_once())
-
-
-@torch.no_grad()
-def token_logprobs(model, ids, temperature=1.0):
-    """log p(ids[j] | ids[:j]) for j >= 1 from one unbatched forward."""
-    logits = model(torch.tensor([ids])).logits[0, :-1] / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
-
-
 @torch.no_grad()
 def greedy(model, ids, n):
     ids = list(ids)
@@ -81,10 +52,6 @@ def greedy(model, ids, n):
 
 def prompts(tok, n):
     return [tok(f"q{i}: " + "abcdefghij"[: 1 + i % 9] * (1 + i % 3))["input_ids"] for i in range(n)]
-
-
-def values(entries):
-    return torch.tensor([e[0] for e in entries])
 
 
 # ---------------------------------------------------------------------------- log-prob correctness

@@ -12,8 +12,7 @@ from transformers import AutoModelForCausalLM
 from slime.backends.hf_engine.prefix_cache import MIN_REUSE_TOKENS, PrefixCache, common_prefix_len
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 
-from _engine_helpers import start_hf_engine
-from test_hf_engine import gen, gen_many, token_logprobs, values
+from _engine_helpers import gen, gen_many, start_hf_engine, token_logprobs, values
 
 TOL = 1e-4
 
