@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     _init_ray(args)
     tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     if args.use_opd and args.opd_type == "sglang":
-        from slime.rollout.on_policy_distillation import check_teacher_vocab
+        from slime.utils.teacher_vocab import check_teacher_vocab
         from slime.rollout.sglang_rollout import run_async
 
         run_async(check_teacher_vocab(args, tokenizer))

@@ -74,7 +74,7 @@ def inprocess_score(model, seqs, pad_id):
 def engine_run(url, payloads):
     async def go():
         try:
-            return await asyncio.gather(*(http_utils.post(f"{url}/generate", p, max_retries=0) for p in payloads))
+            return await asyncio.gather(*(http_utils.post(f"{url}/generate", p, max_retries=1) for p in payloads))
         finally:
             await http_utils.close_session()
 

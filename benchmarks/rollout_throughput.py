@@ -72,7 +72,7 @@ def run_replay(url, episodes, temperature):
     async def one(s):
         for ids, new in turn_requests(s):
             await http_utils.post(url, {"input_ids": ids, "return_logprob": True, "sampling_params": {
-                "max_new_tokens": new, "temperature": temperature, "ignore_eos": True}}, max_retries=0)
+                "max_new_tokens": new, "temperature": temperature, "ignore_eos": True}}, max_retries=1)
 
     async def go():
         await asyncio.gather(*(one(s) for s in episodes))
@@ -85,7 +85,7 @@ def run_raw(url, episodes, temperature):
         outs = await asyncio.gather(*(http_utils.post(url, {
             "input_ids": s.tokens[: len(s.tokens) - s.response_length], "return_logprob": True,
             "sampling_params": {"max_new_tokens": generated(s), "temperature": temperature, "ignore_eos": True}},
-            max_retries=0) for s in episodes))
+            max_retries=1) for s in episodes))
         assert all(len(o["output_ids"]) == generated(s) for o, s in zip(outs, episodes))
 
     run_async(go())

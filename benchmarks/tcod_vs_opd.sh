@@ -108,8 +108,8 @@ TEACHER_PID=$!
 
 declare -A RUN_ARGS=(
   [opd]=""
-  [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
-  [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+  [f2b]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta ${ETA}"
+  [b2f]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
 )
 for seed in ${SEEDS}; do
   for run in opd f2b b2f; do

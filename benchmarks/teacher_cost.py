@@ -76,7 +76,7 @@ def per_turn_examples(s: Sample):
 
 
 async def _post_all(url, payloads):
-    return await asyncio.gather(*(http_utils.post(url, p, max_retries=0) for p in payloads))
+    return await asyncio.gather(*(http_utils.post(url, p, max_retries=1) for p in payloads))
 
 
 def score_single(url, trajs):

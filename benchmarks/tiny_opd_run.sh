@@ -29,8 +29,8 @@ done
 
 case "${MODE}" in
   opd) EXTRA=() ;;
-  f2b) EXTRA=(--use-tcod --tcod-mode f2b --tcod-eta 2) ;;
-  b2f) EXTRA=(--use-tcod --tcod-mode b2f --tcod-eta 2 --tcod-prefix-source expert) ;;
+  f2b) EXTRA=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta 2) ;;
+  b2f) EXTRA=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta 2 --tcod-prefix-source expert) ;;
   *) echo "unknown mode ${MODE}" >&2; exit 2 ;;
 esac
 rm -rf "${OUT}/run"

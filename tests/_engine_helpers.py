@@ -74,12 +74,12 @@ def run(coro):
 
 
 def gen(url, payload):
-    return run(http_utils.post(f"{url}/generate", payload, max_retries=0, timeout=60))
+    return run(http_utils.post(f"{url}/generate", payload, max_retries=1, timeout=60))
 
 
 def gen_many(url, payloads):
     async def all_at_once():
-        return await asyncio.gather(*(http_utils.post(f"{url}/generate", p, max_retries=0, timeout=120)
+        return await asyncio.gather(*(http_utils.post(f"{url}/generate", p, max_retries=1, timeout=120)
                                       for p in payloads))
 
     return run(all_at_once())

@@ -4,7 +4,9 @@ from slime.utils.arguments import ArgumentError, get_parser, parse_args, validat
 from slime.utils.kl_controller import FixedKLController, build_kl_controller
 
 SERVER_OPD = ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate"]
-TCOD = SERVER_OPD + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"]
+ENV = ["--rollout-interaction-env-path", "examples.multi_turn_tcod.envs"]
+TCOD_FN = ["--rollout-function-path", "slime.rollout.tcod.generate_rollout"]
+TCOD = SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"]
 ADAPTIVE = ["--advantage-estimator", "ppo", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"]
 
 
@@ -47,16 +49,19 @@ RULES = [
     (SERVER_OPD + ["--opd-kl-coef", "-0.1"], "--opd-kl-coef"),
     # TCOD
     (["--tcod-prefix-source", "expert"], "--tcod-prefix-source"),
-    (["--use-tcod", "--max-turns", "5", "--tcod-eta", "6"], "--use-opd"),
-    (SERVER_OPD + ["--use-tcod", "--tcod-eta", "6"], "--max-turns"),
-    (SERVER_OPD + ["--use-tcod", "--max-turns", "30"], "--tcod-eta"),
+    (ENV + TCOD_FN + ["--use-tcod", "--max-turns", "5", "--tcod-eta", "6"], "--use-opd"),
+    (SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--tcod-eta", "6"], "--max-turns"),
+    (SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--max-turns", "30"], "--tcod-eta"),
+    (SERVER_OPD + ENV + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"], "--rollout-function-path"),
+    (["--max-turns", "3"], "--rollout-interaction-env-path"),
+    (ENV + ["--max-turns", "3", "--max-turn-response-len", "0"], "--max-turn-response-len"),
     (TCOD[:-1] + ["0"], "--tcod-eta"),
     (TCOD + ["--tcod-k-start", "0"], "--tcod-k-start"),
     (TCOD + ["--tcod-k-start", "5", "--tcod-k-max", "4"], "--tcod-k-max"),
     (TCOD + ["--tcod-k-max", "31"], "--tcod-k-max"),
     (TCOD + ["--tcod-prefix-source", "expert"], "--tcod-prefix-source"),
-    (["--use-opd", "--opd-type", "sglang", "--use-tcod", "--max-turns", "30", "--tcod-eta", "5", "--tcod-mode", "b2f",
-      "--tcod-prefix-source", "teacher"], "--rm-url"),
+    (["--use-opd", "--opd-type", "sglang", *ENV, *TCOD_FN, "--use-tcod", "--max-turns", "30", "--tcod-eta", "5",
+      "--tcod-mode", "b2f", "--tcod-prefix-source", "teacher"], "--rm-url"),
     # reward-side KL and its controller
     (["--kl-coef", "-1"], "--kl-coef"),
     (["--kl-loss-coef", "-1"], "--kl-loss-coef"),
@@ -137,9 +142,15 @@ def test_parse_args_exits_through_parser_error(capsys):
 def test_parse_args_accepts_custom_arguments():
     def add(parser):
         parser.add_argument("--my-flag", type=int, default=3)
+        return parser  # upstream slime's hook contract: return the parser
 
     args = parse_args(add, argv=["--my-flag", "7"])
     assert args.my_flag == 7 and args.global_batch_size == args.rollout_batch_size * args.n_samples_per_prompt
+
+    def add_and_forget_to_return(parser):
+        parser.add_argument("--other-flag", type=int, default=3)
+
+    assert parse_args(add_and_forget_to_return, argv=["--other-flag", "5"]).other_flag == 5
 
 
 def test_missing_teacher_path_is_reported_as_missing(tmp_path):

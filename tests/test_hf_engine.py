@@ -192,21 +192,21 @@ def test_invalid_json_is_400_and_server_keeps_serving(engine):
 
 
 def test_info_health_flush_routes(engine, ckpts):
-    info = run(http_utils.get(f"{engine}/get_model_info", max_retries=0))
+    info = run(http_utils.get(f"{engine}/get_model_info", max_retries=1))
     assert info["model_path"] == str(ckpts[0]) and info["is_generation"] is True and info["vocab_size"] == 100
     for route in ("/health", "/health_generate"):
         with urllib.request.urlopen(engine + route, timeout=30) as resp:
             assert resp.status == 200
-    assert "flushed" in run(http_utils.post(f"{engine}/flush_cache", None, max_retries=0))
+    assert "flushed" in run(http_utils.post(f"{engine}/flush_cache", None, max_retries=1))
 
 
 def test_abort_request_ends_a_running_generation(engine, tok):
     async def scenario():
         long = asyncio.ensure_future(http_utils.post(f"{engine}/generate", {
             "input_ids": prompts(tok, 1)[0], "rid": "to-abort",
-            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}, max_retries=0))
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}, max_retries=1))
         await asyncio.sleep(0.3)
-        await http_utils.post(f"{engine}/abort_request", {"rid": "to-abort"}, max_retries=0)
+        await http_utils.post(f"{engine}/abort_request", {"rid": "to-abort"}, max_retries=1)
         return await long
 
     out = run(scenario())
@@ -224,11 +224,11 @@ def test_update_weights_from_disk(engine, ckpts, model, tok):
         # Submitted before the update: must finish on the old weights.
         before = asyncio.ensure_future(http_utils.post(f"{engine}/generate", {
             "input_ids": ids, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}}, max_retries=0))
+            "sampling_params": {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}}, max_retries=1))
         await asyncio.sleep(0.05)
         reply = await http_utils.post(f"{engine}/update_weights_from_disk", {"model_path": str(ckpts[1])},
-                                      max_retries=0)
-        after = await http_utils.post(f"{engine}/generate", score, max_retries=0)
+                                      max_retries=1)
+        after = await http_utils.post(f"{engine}/generate", score, max_retries=1)
         return await before, reply, after
 
     try:
@@ -240,9 +240,9 @@ def test_update_weights_from_disk(engine, ckpts, model, tok):
         assert (new - token_logprobs(other, ids)).abs().max() <= TOL
         assert (new - token_logprobs(model, ids)).abs().max() > 1e-2
         with pytest.raises(http_utils.HTTPRequestError, match="model_path"):
-            run(http_utils.post(f"{engine}/update_weights_from_disk", {"model_path": "/no/such/dir"}, max_retries=0))
+            run(http_utils.post(f"{engine}/update_weights_from_disk", {"model_path": "/no/such/dir"}, max_retries=1))
     finally:
-        run(http_utils.post(f"{engine}/update_weights_from_disk", {"model_path": str(ckpts[0])}, max_retries=0))
+        run(http_utils.post(f"{engine}/update_weights_from_disk", {"model_path": str(ckpts[0])}, max_retries=1))
     restored = gen(engine, score)
     assert (values(restored["meta_info"]["input_token_logprobs"][1:]) - token_logprobs(model, ids)).abs().max() <= TOL
 

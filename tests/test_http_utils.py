@@ -78,7 +78,7 @@ def test_4xx_is_not_retried_and_carries_the_server_message(stub):
 def test_persistent_5xx_ends_with_an_error_naming_url_and_cause(stub):
     url, calls = stub
     with pytest.raises(http_utils.HTTPRequestError) as err:
-        run(lambda: http_utils.post(f"{url}/down", {}, max_retries=2, backoff=0.01))
+        run(lambda: http_utils.post(f"{url}/down", {}, max_retries=3, backoff=0.01))
     assert calls["down"] == 3
     assert f"{url}/down" in str(err.value) and "3 attempt" in str(err.value) and "HTTP 500" in str(err.value)
 
@@ -87,7 +87,7 @@ def test_connection_refused_and_timeout_are_bounded(stub):
     url, _ = stub
     dead = f"http://127.0.0.1:{find_free_port()}/generate"
     with pytest.raises(http_utils.HTTPRequestError, match="failed after 3 attempt") as err:
-        run(lambda: http_utils.post(dead, {}, max_retries=2, backoff=0.01))
+        run(lambda: http_utils.post(dead, {}, max_retries=3, backoff=0.01))
     assert dead in str(err.value) and err.value.status is None
     with pytest.raises(http_utils.HTTPRequestError, match="no reply within 0.2s"):
         run(lambda: http_utils.post(f"{url}/slow", {}, timeout=0.2, max_retries=1, backoff=0.01))
@@ -103,10 +103,20 @@ def test_one_session_per_loop_and_sync_helpers(stub):
     assert first[0] is first[1]
     second = run(sessions)
     assert second[0] is not first[0]
-    assert http_utils.get_sync(f"{url}/empty", max_retries=0) is None
+    assert http_utils.get_sync(f"{url}/empty", max_retries=1) is None
     assert http_utils.post_sync(f"{url}/flaky", {"y": 2}, max_retries=5, backoff=0.01) == {"echo": {"y": 2}}
+
+
+def test_upstream_call_shape_positional_retries_and_headers(stub):
+    # Upstream slime calls post(url, payload, max_retries, headers=...): attempts, not retries.
+    url, calls = stub
+    calls["flaky"] = 0
+    out = run(lambda: http_utils.post(f"{url}/flaky", {"z": 3}, 3, headers={"X-SMG-Routing-Key": "s1"}, backoff=0.01))
+    assert out == {"echo": {"z": 3}} and calls["flaky"] == 3
+    with pytest.raises(http_utils.HTTPRequestError, match="after 2 attempt"):
+        run(lambda: http_utils.post(f"{url}/down", {}, 2, backoff=0.01))
 
 
 def test_invalid_settings_are_rejected():
     with pytest.raises(ValueError, match="max_retries"):
-        asyncio.run(http_utils.post("http://127.0.0.1:1/", {}, max_retries=-1))
+        asyncio.run(http_utils.post("http://127.0.0.1:1/", {}, max_retries=0))

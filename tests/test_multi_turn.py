@@ -12,7 +12,7 @@ from slime.ray.rollout import TooManyFailures, select_trainable
 from slime.rollout.chat_layout import decode_action, encode_observation
 from slime.rollout.multi_turn import generate
 from slime.rollout.on_policy_distillation import teacher_payload
-from slime.rollout.sglang_rollout import build_sampling_params, run_async
+from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
 from slime.rollout.tcod import episode_plan
 from slime.utils.arguments import get_parser, validate_args
 from slime.utils.http_utils import close_session
@@ -33,6 +33,8 @@ def engine(tmp_path_factory):
 
 def make_args(engine, *extra):
     server, _, path = engine
+    if "--use-tcod" in extra:
+        extra = ("--rollout-function-path", "slime.rollout.tcod.generate_rollout", *extra)
     args = get_parser().parse_args([
         "--hf-checkpoint", path, "--max-turns", "6", "--rollout-interaction-env-path", ENV_PATH,
         "--rollout-max-response-len", "260", "--max-turn-response-len", "8", "--rollout-seed", "5", *extra])
@@ -52,7 +54,8 @@ def play(args, samples, rollout_id=0, evaluation=False):
 
     async def run_all():
         params = build_sampling_params(args, evaluation)
-        return await asyncio.gather(*(generate(args, s, dict(params), evaluation) for s in samples))
+        return await asyncio.gather(*(generate(args, s, {**params, "sampling_seed": sampling_seed(args, s, evaluation)},
+                                               evaluation) for s in samples))
 
     return run_async(run_all())
 
@@ -101,7 +104,7 @@ def test_layout_invariants_on_many_trajectories(engine):
         for t in trainable:
             assert abs(full[prompt_len + t - 1] - s.rollout_log_probs[t]) < 1e-3
         # The teacher receives exactly the sequence the student produced.
-        assert teacher_payload(s)["input_ids"] == s.tokens
+        assert teacher_payload(args, s)["input_ids"] == s.tokens
         assert s.metadata["outcome"] in ("done", "max_turns", "context_full")
 
 
@@ -162,7 +165,9 @@ def test_b2f_replay_that_finishes_yields_no_training_sample(engine):
     env.close()
     s.metadata["expert_actions"] = path + ["up"]  # one extra action: the replay of L - 1 already solves it
     [out] = play(args, [s])
-    assert out.metadata["outcome"] == "replay_finished" and out.metadata["no_training_sample"]
+    assert out.metadata["outcome"] == "replay_finished" and out.remove_sample
+    # Upstream's trainer sees one masked filler token, never an empty response.
+    assert out.response_length == 1 and out.loss_mask == [0]
     kept, stats = select_trainable(args, [[out]])
     assert kept == [] and stats["rollout/dropped"] == 1
 

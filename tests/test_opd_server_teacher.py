@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from slime.backends.sglang_utils.launcher import find_free_port
 from slime.rollout import on_policy_distillation as opd
 from slime.utils import http_utils
+from slime.utils.teacher_vocab import check_teacher_vocab
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 from slime.utils.types import Sample
 
@@ -78,7 +79,7 @@ def trajectory(tok, index):
 
 
 def test_teacher_log_probs_equal_a_direct_forward(teacher, teacher_model, tok):
-    args = Namespace(rm_url=f"{teacher}/generate")
+    args = Namespace(rm_url=f"{teacher}/generate", rollout_temperature=1.0)
     samples = [single_turn(tok, 0), trajectory(tok, 1)]
     assert 0 in samples[1].loss_mask  # the trajectory really carries masked observation tokens
 
@@ -97,7 +98,7 @@ def test_teacher_log_probs_equal_a_direct_forward(teacher, teacher_model, tok):
 
 
 def test_list_of_samples_from_a_generate_function(teacher, teacher_model, tok):
-    args = Namespace(rm_url=f"{teacher}/generate")
+    args = Namespace(rm_url=f"{teacher}/generate", rollout_temperature=1.0)
     group = [single_turn(tok, 2, "hi", "hello<|im_end|>"), trajectory(tok, 3)]
     replies = run(lambda: opd.reward_func(args, group))
     assert isinstance(replies, list) and len(replies) == 2 and group[0].reward is replies[0]
@@ -120,21 +121,22 @@ def test_exact_slime_payload_is_sent():
     stub = ThreadedApp(app)
     try:
         s = Sample(index=0, tokens=[1, 2, 3], response_length=1, loss_mask=[1])
-        s.reward = run(lambda: opd.reward_func(Namespace(rm_url=f"{stub.url}/generate"), s))
+        s.reward = run(lambda: opd.reward_func(Namespace(rm_url=f"{stub.url}/generate", rollout_temperature=0.8), s))
     finally:
         stub.stop()
+    # Upstream's payload since PR #2085: the teacher is asked at the rollout temperature.
     assert seen == [{"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 0,
-                     "sampling_params": {"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False}}]
+                     "sampling_params": {"temperature": 0.8, "max_new_tokens": 0, "skip_special_tokens": False}}]
     opd.post_process_rewards(None, [s])
     assert s.teacher_log_probs == [-0.25]
 
 
 def test_teacher_down_or_slow_fails_clearly_after_bounded_retries(monkeypatch, tok):
-    monkeypatch.setattr(opd, "TEACHER_MAX_RETRIES", 2)
-    monkeypatch.setattr(opd, "TEACHER_BACKOFF", 0.01)
+    monkeypatch.setattr(opd, "TEACHER_MAX_RETRIES", 3)
+    monkeypatch.setattr(http_utils, "DEFAULT_BACKOFF", 0.01)
     dead = f"http://127.0.0.1:{find_free_port()}/generate"
     with pytest.raises(RuntimeError, match="OPD teacher request") as err:
-        run(lambda: opd.reward_func(Namespace(rm_url=dead), single_turn(tok, 0)))
+        run(lambda: opd.reward_func(Namespace(rm_url=dead, rollout_temperature=1.0), single_turn(tok, 0)))
     assert dead in str(err.value) and "3 attempt" in str(err.value)
 
     async def slow(request):
@@ -144,10 +146,11 @@ def test_teacher_down_or_slow_fails_clearly_after_bounded_retries(monkeypatch, t
     app = web.Application()
     app.router.add_post("/generate", slow)
     stub = ThreadedApp(app)
-    monkeypatch.setattr(opd, "TEACHER_TIMEOUT", 0.2)
+    monkeypatch.setattr(http_utils, "DEFAULT_TIMEOUT", 0.2)  # what SLIME_HTTP_TIMEOUT sets
     try:
         with pytest.raises(RuntimeError, match="no reply within 0.2s"):
-            run(lambda: opd.reward_func(Namespace(rm_url=f"{stub.url}/generate"), single_turn(tok, 0)))
+            run(lambda: opd.reward_func(Namespace(rm_url=f"{stub.url}/generate", rollout_temperature=1.0),
+                                        single_turn(tok, 0)))
     finally:
         stub.stop()
 
@@ -161,8 +164,8 @@ def test_post_process_without_teacher_reply_is_an_error(tok):
 
 def test_vocab_check(teacher, tok):
     args = Namespace(rm_url=f"{teacher}/generate")
-    info = run(lambda: opd.check_teacher_vocab(args, tok))
+    info = run(lambda: check_teacher_vocab(args, tok))
     assert info["vocab_size"] == len(tok)
-    assert run(lambda: opd.check_teacher_vocab(args, 100))["is_generation"]
+    assert run(lambda: check_teacher_vocab(args, 100))["is_generation"]
     with pytest.raises(ValueError, match="vocabulary of 100 tokens but the student has 151669"):
-        run(lambda: opd.check_teacher_vocab(args, 151669))
+        run(lambda: check_teacher_vocab(args, 151669))

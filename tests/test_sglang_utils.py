@@ -70,7 +70,7 @@ def test_launch_generate_update_and_stop(tmp_path):
 
 async def _update(url, path):
     try:
-        return await update_weights_from_disk(url, path, max_retries=0)
+        return await update_weights_from_disk(url, path, max_retries=1)
     finally:
         await http_utils.close_session()
 

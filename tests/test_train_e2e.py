@@ -46,7 +46,7 @@ def run(setup, name, *extra, steps=2, tcod=True):
             "--custom-generate-function-path", "slime.rollout.multi_turn.generate",
             "--use-opd", "--lr", "1e-3", "--save", str(out), "--rollout-seed", "11", *extra]
     if tcod:
-        argv.append("--use-tcod")
+        argv += ["--use-tcod", "--rollout-function-path", "slime.rollout.tcod.generate_rollout"]
     assert train.main(argv) == 0
     return read_metrics(out / "metrics.jsonl")
 

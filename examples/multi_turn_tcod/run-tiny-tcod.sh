@@ -105,8 +105,8 @@ OPD=(
 )
 declare -A RUN_ARGS=(
   [opd]=""
-  [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
-  [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+  [f2b]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta ${ETA}"
+  [b2f]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
 )
 i=0
 for run in opd f2b b2f; do

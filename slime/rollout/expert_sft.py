@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from slime.rollout.chat_layout import encode_action, encode_observation, encode_prompt
-from slime.utils.types import Sample, Status
+from slime.utils.types import Sample
 
 
 def expert_actions_for(env, sample) -> list[str] | None:
@@ -67,12 +67,11 @@ def build_expert_sample(make_env, args, sample: Sample, tokenizer, system: str |
                              f"(done={done}, metadata={sample.metadata})")
     finally:
         env.close()
-    out.response = tokenizer.decode(out.tokens[out.prompt_length:], skip_special_tokens=False)
+    out.response = tokenizer.decode(out.tokens[len(out.tokens) - out.response_length:], skip_special_tokens=False)
     out.reward = sum(rewards)
-    out.status = Status.COMPLETED
+    out.status = Sample.Status.COMPLETED
     out.metadata.update(turn_spans=spans, turn_rewards=rewards, num_turns=len(spans), success=success,
                         expert_actions=list(actions), source="expert")
-    out.validate()
     return out
 
 
@@ -98,15 +97,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write SFT samples from the expert trajectories of env tasks.")
     parser.add_argument("--data", required=True, help="jsonl of tasks (input, label, metadata, expert_actions)")
     parser.add_argument("--out", required=True, help="jsonl of Sample.to_dict() rows")
-    parser.add_argument("--env-path", default="examples.multi_turn_tcod.envs.make_env")
+    parser.add_argument("--env-path", default="examples.multi_turn_tcod.envs.make_env",
+                        help="as --rollout-interaction-env-path: a module with build_env(sample, args) "
+                             "or a factory make_env(args, sample)")
     parser.add_argument("--tokenizer", default="tiny", help="'tiny' (the local char-level one) or an HF path")
     parser.add_argument("--system", default=None, help="optional system message")
     parser.add_argument("--allow-failures", action="store_true", help="skip tasks the expert does not solve")
     args = parser.parse_args(argv)
 
-    from slime.utils.misc import load_function
+    from slime.rollout.interaction_env import build_interaction_env
 
-    make_env = load_function(args.env_path)
+    env_args = argparse.Namespace(rollout_interaction_env_path=args.env_path)
+
+    def make_env(_args, sample):
+        return build_interaction_env(env_args, sample)
+
     tokenizer = load_tokenizer(args.tokenizer)
     tasks = read_task_samples(args.data)
     out_path = Path(args.out)

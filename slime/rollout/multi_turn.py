@@ -1,8 +1,10 @@
 """The agent loop: LLM -> env.step -> repeat, one loss-masked Sample per trajectory.
 
 Use with ``--custom-generate-function-path slime.rollout.multi_turn.generate`` (slime's signature)
-and ``--rollout-interaction-env-path`` naming ``make_env(args, sample) -> env`` (contract in
-``docs/en/advanced/multi-turn-tcod.md``).
+and ``--rollout-interaction-env-path`` naming the environment: a module exposing upstream slime's
+``build_env(sample, args)``, or a factory ``make_env(args, sample)`` (both in ``interaction_env.py``).
+Part of the slime contribution: it calls only what upstream slime has (``Sample``,
+``http_utils.post``) and runs unchanged there and in this project's runtime.
 
 Token in, token out: the sequence grows only by appending the engine's sampled ids (trainable, with
 their log-probs) and encoded observations (not trainable). Earlier turns are never re-tokenized, so
@@ -14,8 +16,21 @@ turns (a normal outcome, recorded as ``cut``); ``b2f`` first replays ``max(0, L_
 (or teacher) turns into the prompt part, where nothing is trained, then the student plays to the end.
 
 Outcomes in ``metadata["outcome"]``: done, cut, max_turns, context_full, replay_finished, env_error.
-An exception in the environment ends the episode as FAILED (error in ``metadata["error"]``); engine
-errors are not environment faults and propagate.
+An exception in the environment, or a return that breaks its contract, ends the episode as FAILED
+(error in ``metadata["error"]``); engine errors are not environment faults and propagate.
+
+Rewards, as upstream's ``generate_and_rm`` expects them: the environment's return is kept in
+``metadata["task_reward"]``. In training with a reward model (``--custom-rm-path``, e.g. the OPD
+teacher) ``sample.reward`` is left ``None`` so that the reward model runs; the OPD post-processing
+reads the task reward back. Otherwise (evaluation, or no reward model) ``sample.reward`` is the return.
+
+Samples that must not train (failed episodes, B2F replays that finished the task) get
+``remove_sample = True``, upstream's mechanism: the trainer zeroes their loss mask. They always carry
+at least one (masked) response token, so that no trainer sees an empty response.
+
+Sampling seeds: when ``sampling_params`` carries ``sampling_seed`` (upstream sets one with
+``--sglang-enable-deterministic-inference``; this project's runtime always does), turn ``t`` uses that
+seed plus ``1 + t``, so every turn draws differently and a rerun draws the same.
 """
 
 from __future__ import annotations
@@ -26,13 +41,16 @@ import logging
 from slime.rollout.chat_layout import (action_stop_token_id, decode_action, encode_action, encode_observation,
                                       encode_prompt)
 from slime.rollout.expert_sft import expert_actions_for
-from slime.rollout.sglang_rollout import engine_url, get_tokenizer, parse_output_logprobs, sampling_seed
+from slime.rollout.interaction_env import EnvironmentContractError, build_interaction_env
 from slime.rollout.tcod import plan_prefix_length
 from slime.utils.http_utils import post
-from slime.utils.misc import load_function
-from slime.utils.types import Sample, Status
+from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
+
+
+SEED_MODULUS = 2**31 - 1
+_TOKENIZERS: dict[str, object] = {}
 
 
 class EnvironmentFault(RuntimeError):
@@ -43,8 +61,37 @@ async def _env_call(fn, *args):
     # Environments may block (a JVM, a game engine): keep them off the event loop.
     try:
         return await asyncio.to_thread(fn, *args)
+    except EnvironmentContractError as err:
+        raise EnvironmentFault(f"environment contract: {err}") from err
     except Exception as err:  # noqa: BLE001 - any env error ends only this episode
         raise EnvironmentFault(f"{getattr(fn, '__qualname__', fn)}: {type(err).__name__}: {err}") from err
+
+
+def get_tokenizer(args):
+    """The policy tokenizer, loaded once per process (the same files the engines serve)."""
+    path = args.hf_checkpoint
+    if path not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    return _TOKENIZERS[path]
+
+
+def engine_url(args, sample: Sample) -> str:
+    """slime's router when one is configured; else the engines this project's runtime started."""
+    if getattr(args, "sglang_router_ip", None):
+        return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    urls = getattr(args, "rollout_engine_urls", None)
+    if not urls:
+        raise RuntimeError("no rollout engine: set --sglang-router-ip/--sglang-router-port")
+    return f"{urls[(sample.index or 0) % len(urls)]}/generate"
+
+
+def output_log_probs(meta_info: dict) -> list[float]:
+    entries = meta_info.get("output_token_logprobs")
+    if entries is None:
+        raise RuntimeError("engine reply has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    return [float(entry[0]) for entry in entries]
 
 
 class _Episode:
@@ -82,7 +129,8 @@ class _Episode:
         params["max_new_tokens"] = min(self.args.max_turn_response_len, self.room())
         params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
         params["no_stop_trim"] = True
-        params["sampling_seed"] = sampling_seed(self.args, self.sample, self.evaluation, salt=1 + turn + salt)
+        if sampling_params.get("sampling_seed") is not None:
+            params["sampling_seed"] = (int(sampling_params["sampling_seed"]) + 1 + turn + salt) % SEED_MODULUS
         return await post(url, {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True})
 
     def action_text(self, ids: list[int]) -> str:
@@ -122,69 +170,97 @@ async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
         observation, done, prefix_turns = await _replay_prefix(ep, env, plan, observation, sampling_params)
         sample.metadata["prefix_turns"] = prefix_turns
         if done:
-            sample.metadata["no_training_sample"] = True
             return "replay_finished"
     url = engine_url(ep.args, sample)
     turns = int(plan.get("max_student_turns") or ep.args.max_turns)
     for turn in range(turns):
         if ep.room() <= 0:
-            sample.status = Status.TRUNCATED
+            sample.status = Sample.Status.TRUNCATED
             return "context_full"
         out = await ep.sample_turn(url, prefix_turns + turn, sampling_params)
         ids = list(out["output_ids"])
         if ep.stop_id not in ids:  # cut by the turn limit or the budget; see step_metrics.warn_if_turns_cut
             ep.turns_without_stop += 1
         start = sample.response_length
-        sample.append_response_tokens(ep.args, tokens=ids, log_probs=parse_output_logprobs(out["meta_info"]),
+        sample.append_response_tokens(ep.args, tokens=ids, log_probs=output_log_probs(out["meta_info"]),
                                       trainable=True, update_terminal_info=False)
         ep.turn_spans.append([start, sample.response_length])
         observation, reward, done, info = await _env_call(env.step, ep.action_text(ids))
         ep.record_step(reward, info or {})
         if done:
-            sample.status = Status.COMPLETED
+            sample.status = Sample.Status.COMPLETED
             return "done"
         if turn + 1 == turns:
             break  # no student turn follows: the last observation would be scored and masked for nothing
         obs_ids = encode_observation(ep.tokenizer, observation)
         if len(obs_ids) > ep.room():
-            sample.status = Status.TRUNCATED
+            sample.status = Sample.Status.TRUNCATED
             return "context_full"
         sample.append_response_tokens(ep.args, tokens=obs_ids, trainable=False, update_terminal_info=False)
     if plan.get("mode") == "f2b":
-        sample.status = Status.COMPLETED  # the curriculum's cut is a normal outcome, not a truncation
+        sample.status = Sample.Status.COMPLETED  # the curriculum's cut is a normal outcome, not a truncation
         return "cut"
-    sample.status = Status.TRUNCATED
+    sample.status = Sample.Status.TRUNCATED
     return "max_turns"
 
 
+def _episode_plan(args, sample: Sample, evaluation: bool) -> dict:
+    plan = sample.metadata.get("episode_plan")
+    if plan is None and getattr(args, "use_tcod", False) and not evaluation:
+        # Without this the curriculum would silently switch off and every episode would play in full.
+        raise ValueError("--use-tcod: this sample has no episode plan; run with "
+                         "--rollout-function-path slime.rollout.tcod.generate_rollout")
+    if evaluation or plan is None:
+        return {"mode": "full", "max_student_turns": args.max_turns}
+    return plan
+
+
+def _keep_out_of_training(ep: _Episode, sample: Sample) -> None:
+    """Mark the sample removed (upstream's mechanism) and give it one masked response token.
+
+    A failed reset leaves no tokens and a finished replay leaves no response; a trainer computes
+    log-probs over the response span, so it gets a filler that the zeroed loss mask ignores.
+    """
+    sample.remove_sample = True
+    if not sample.tokens:
+        text = sample.prompt if isinstance(sample.prompt, str) else ""
+        sample.tokens = list(encode_prompt(ep.tokenizer, text))
+    if sample.response_length == 0:
+        sample.append_response_tokens(ep.args, tokens=[ep.stop_id], trainable=False, update_terminal_info=False)
+
+
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
-    if not args.rollout_interaction_env_path:
-        raise ValueError("slime.rollout.multi_turn.generate needs --rollout-interaction-env-path")
+    """slime's custom generate hook: play one episode and return it as one loss-masked Sample."""
+    if not getattr(args, "max_turns", None):
+        raise ValueError("slime.rollout.multi_turn.generate needs --max-turns (and --rollout-interaction-env-path)")
+    if getattr(args, "partial_rollout", False):
+        raise ValueError("slime.rollout.multi_turn.generate does not support --partial-rollout: an episode "
+                         "cannot resume in an environment that is gone")
     tokenizer = get_tokenizer(args)
-    make_env = load_function(args.rollout_interaction_env_path)
-    plan = sample.metadata.get("episode_plan") or {"mode": "full", "max_student_turns": args.max_turns}
+    plan = _episode_plan(args, sample, evaluation)
     ep = _Episode(args, sample, tokenizer, evaluation)
     env = None
     try:
-        env = await _env_call(make_env, args, sample)
+        env = await _env_call(build_interaction_env, args, sample)
         outcome = await _play(ep, env, plan, sampling_params)
     except EnvironmentFault as err:
         outcome = "env_error"
-        sample.status = Status.FAILED
+        sample.status = Sample.Status.FAILED
         sample.metadata["error"] = str(err)
         logger.warning("episode of sample %s failed in the environment: %s", sample.index, err)
     finally:
-        if env is not None and hasattr(env, "close"):
+        if env is not None:
             try:
                 await asyncio.to_thread(env.close)
             except Exception as err:  # noqa: BLE001 - a failing close must not hide the episode
                 logger.warning("env.close() raised for sample %s: %s", sample.index, err)
-    # Trailing trainable state must match the token layout even for failed episodes.
     if sample.loss_mask is None:
         sample.loss_mask = []
+    if outcome in ("env_error", "replay_finished"):
+        _keep_out_of_training(ep, sample)
     sample.response = tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length:])
-    sample.reward = ep.total_reward
     sample.metadata.update({
+        "task_reward": ep.total_reward,
         "turn_spans": ep.turn_spans,
         "turn_rewards": ep.turn_rewards,
         "num_turns": len(ep.turn_spans),
@@ -193,4 +269,7 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
         "outcome": outcome,
     })
     sample.metadata.setdefault("prefix_turns", 0)
+    # Leave the reward to the reward model when one will run (upstream calls it only for reward None).
+    reward_model = getattr(args, "custom_rm_path", None) and not evaluation
+    sample.reward = None if reward_model else ep.total_reward
     return sample

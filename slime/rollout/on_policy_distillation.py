@@ -6,23 +6,23 @@ Flags (slime's)::
     --custom-rm-path slime.rollout.on_policy_distillation.reward_func
     --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
 
-``reward_func`` sends the whole sequence (prompt + response, for an agent the whole trajectory with its
-observation tokens) to the teacher once, as a score-only request, with slime's exact payload.
-``post_process_rewards`` keeps the last ``response_length`` input-token log-probs as
-``sample.teacher_log_probs``; masked observation tokens get a teacher log-prob too and the trainer's
-loss mask ignores them, so a multi-turn trajectory needs no special handling.
+Part of the slime contribution and a drop-in for upstream's module of the same name: the same
+payload (upstream PR #2085: ``temperature`` = ``--rollout-temperature``; an SGLang server does not
+scale input-token log-probs by it, so the teacher is scored at temperature 1 either way), the same
+``post_process_rewards`` contract, plus what multi-turn agents need:
 
-Temperature: slime sends ``temperature: 0``, which a server ignores for input-token log-probs, so the
-teacher is scored at temperature 1 (see ``--opd-type sglang`` validation in arguments.py).
-
-Rewards: the teacher term enters the advantages in the trainer (``apply_opd_kl_to_advantages``), not
-here. The returned rewards are the task rewards a sample carried before the teacher replaced
-``sample.reward`` (``metadata["task_reward"]``, kept by ``slime.rollout.rewards``), else 0.0: with
-pure OPD they are all zero.
-
-slime's known gap closed here: a generate function may return ``list[Sample]``; ``reward_func`` then
-scores every sample (concurrently), stores each reply on its sample and returns the list of replies,
-and ``post_process_rewards`` accepts nested lists.
+* ``reward_func`` sends the whole sequence (for an agent the whole trajectory with its observation
+  tokens) to the teacher once, as a score-only request. Masked observation tokens get a teacher log-prob
+  too and the trainer's loss mask ignores them, so a trajectory needs no special handling.
+* A generate function may return ``list[Sample]``; upstream then passes the list to ``reward_func``,
+  which scores every sample concurrently and returns one reply per sample (upstream's hook breaks).
+* Samples marked ``remove_sample`` (failed episodes, finished B2F replays) are not sent: their
+  "teacher" log-probs are their own rollout log-probs, so they add no KL anywhere.
+* Requests go through slime's ``http_utils.post`` with a bounded number of attempts
+  (``OPD_RETRY_MAX``, default 3), so a dead teacher ends the step with an error naming it.
+* ``post_process_rewards`` returns the task reward each sample carried before the teacher ran
+  (``metadata["task_reward"]``, set by the agent loop), else 0.0: with pure OPD they are all zero.
+  The teacher term itself enters the advantages in the trainer (``apply_opd_kl_to_advantages``).
 """
 
 from __future__ import annotations
@@ -36,17 +36,19 @@ from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
-# Bounded retries so a dead teacher ends the run with a clear error instead of hanging it.
-TEACHER_TIMEOUT = float(os.environ.get("OPD_TEACHER_TIMEOUT", "300"))
+# Attempts per teacher request (upstream's http_utils counts attempts): a dead teacher fails the step.
 TEACHER_MAX_RETRIES = int(os.environ.get("OPD_RETRY_MAX", "3"))
-TEACHER_BACKOFF = float(os.environ.get("OPD_RETRY_BACKOFF", "1.0"))
 
 
-def teacher_payload(sample: Sample) -> dict:
-    """slime's exact teacher request: score every token of the sequence, generate nothing."""
+def teacher_payload(args, sample: Sample) -> dict:
+    """Upstream slime's teacher request: score every token of the sequence, generate nothing."""
     return {
         "input_ids": list(sample.tokens),
-        "sampling_params": {"temperature": 0, "max_new_tokens": 0, "skip_special_tokens": False},
+        "sampling_params": {
+            "temperature": args.rollout_temperature,
+            "max_new_tokens": 0,
+            "skip_special_tokens": False,
+        },
         "return_logprob": True,
         "logprob_start_len": 0,
     }
@@ -59,15 +61,21 @@ def _rm_url(args) -> str:
     return url
 
 
+# The reply recorded for a sample that is not sent to the teacher (see remove_sample above).
+SKIPPED_REPLY = {"opd_skipped": True}
+
+
 async def _score(args, sample: Sample) -> dict:
+    if getattr(sample, "remove_sample", False):
+        return dict(SKIPPED_REPLY)
     if not sample.tokens:
         raise ValueError(f"sample {sample.index}: no tokens to send to the teacher")
     url = _rm_url(args)
     try:
-        reply = await http_utils.post(url, teacher_payload(sample), timeout=TEACHER_TIMEOUT,
-                                      max_retries=TEACHER_MAX_RETRIES, backoff=TEACHER_BACKOFF)
-    except http_utils.HTTPRequestError as err:
-        raise RuntimeError(f"OPD teacher request for sample {sample.index} failed: {err}") from err
+        reply = await http_utils.post(url, teacher_payload(args, sample), TEACHER_MAX_RETRIES)
+    except Exception as err:  # upstream raises the transport's own errors, this runtime HTTPRequestError
+        raise RuntimeError(f"OPD teacher request for sample {sample.index} to {url} failed: "
+                           f"{type(err).__name__}: {err}") from err
     if not isinstance(reply, dict) or "input_token_logprobs" not in (reply.get("meta_info") or {}):
         raise RuntimeError(f"OPD teacher at {url} answered without meta_info.input_token_logprobs: "
                            f"{str(reply)[:300]}")
@@ -118,48 +126,14 @@ def post_process_rewards(args, samples, **kwargs):
     flat = list(_flatten(samples))
     for s in flat:
         reply = s.reward
-        if isinstance(reply, dict) and "meta_info" in reply:
+        if isinstance(reply, dict) and reply.get("opd_skipped"):
+            own = s.rollout_log_probs
+            s.teacher_log_probs = list(own) if own is not None and len(own) == s.response_length \
+                else [0.0] * s.response_length
+        elif isinstance(reply, dict) and "meta_info" in reply:
             s.teacher_log_probs = extract_teacher_log_probs(reply, s.response_length)
         elif s.teacher_log_probs is None or len(s.teacher_log_probs) != s.response_length:
             raise ValueError(f"sample {s.index}: sample.reward holds no teacher reply ({type(reply).__name__}); "
                              "was --custom-rm-path slime.rollout.on_policy_distillation.reward_func run?")
     rewards = [float((s.metadata or {}).get("task_reward", 0.0) or 0.0) for s in flat]
     return list(rewards), rewards
-
-
-async def check_teacher_vocab(args, tokenizer_or_vocab_size, *, timeout: float = 30.0) -> dict:
-    """Fail at start-up if the teacher's vocabulary differs from the student's.
-
-    ``tokenizer_or_vocab_size`` is the student's tokenizer (compared by size, and token by token when
-    the teacher's tokenizer folder is readable here) or its vocabulary size. Returns the teacher's
-    /get_model_info reply.
-    """
-    url = _rm_url(args).rstrip("/")
-    base = url[: -len("/generate")] if url.endswith("/generate") else url
-    info = await http_utils.get(f"{base}/get_model_info", timeout=timeout)
-    if not isinstance(info, dict):
-        raise RuntimeError(f"teacher at {base} answered /get_model_info with {str(info)[:200]!r}")
-    tokenizer = None if isinstance(tokenizer_or_vocab_size, int) else tokenizer_or_vocab_size
-    student_size = tokenizer_or_vocab_size if tokenizer is None else len(tokenizer)
-    teacher_size = info.get("vocab_size")
-    if teacher_size is not None and int(teacher_size) != int(student_size):
-        raise ValueError(f"OPD teacher at {base} has a vocabulary of {teacher_size} tokens but the student has "
-                         f"{student_size}: the teacher scores the student's token ids, so both must share one "
-                         "tokenizer")
-    checked = teacher_size is not None
-    teacher_tok_path = info.get("tokenizer_path")
-    if tokenizer is not None and teacher_tok_path and os.path.isdir(teacher_tok_path):
-        from transformers import AutoTokenizer
-
-        teacher_vocab = AutoTokenizer.from_pretrained(teacher_tok_path).get_vocab()
-        student_vocab = tokenizer.get_vocab()
-        if teacher_vocab != student_vocab:
-            differ = sorted(set(teacher_vocab.items()) ^ set(student_vocab.items()))[:5]
-            raise ValueError(f"OPD teacher tokenizer ({teacher_tok_path}) maps tokens differently from the "
-                             f"student's, e.g. {differ}: the teacher must share the student's tokenizer")
-        checked = True
-    if not checked:
-        logger.warning("could not verify the OPD teacher's vocabulary at %s (no vocab_size in /get_model_info "
-                       "and its tokenizer folder is not readable here): make sure it shares the student's "
-                       "tokenizer", base)
-    return info

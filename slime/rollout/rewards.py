@@ -1,11 +1,13 @@
 """Rewards for generated samples: task reward first, then the custom reward model, then post-processing.
 
-Order, as in slime: an optional built-in rule (``--rm-type``), then ``--custom-rm-path``
-(``async reward_func(args, sample, **kwargs)``, e.g. the OPD teacher), then
-``--custom-reward-post-process-path`` (``post_process_rewards(args, samples, **kwargs) -> (raw, rewards)``).
-The task reward a sample carried before the custom reward model ran (a multi-turn episode's return,
-or the rule's score) is kept in ``metadata["task_reward"]`` so OPD can add its term on top of it.
-After this step ``sample.reward`` is the float the trainer uses.
+Order, as in slime: the reward model runs only for samples whose generate function left
+``sample.reward`` as ``None``; it is ``--custom-rm-path`` (``async reward_func(args, sample, **kwargs)``,
+e.g. the OPD teacher) when given. Then ``--custom-reward-post-process-path``
+(``post_process_rewards(args, samples, **kwargs) -> (raw, rewards)``) sees every sample.
+This runtime adds one thing: a built-in rule (``--rm-type``) scores the task and its score is kept in
+``metadata["task_reward"]`` next to the reward model's reply, so OPD can add its term on top of it (the
+agent loop keeps an episode's return there too). After this step ``sample.reward`` is the float the
+trainer uses.
 """
 
 from __future__ import annotations
@@ -34,25 +36,29 @@ def rule_reward(args, sample: Sample) -> float:
 async def assign_rewards(args, samples: list[Sample], evaluation: bool = False) -> None:
     if not samples:
         return
-    if args.rm_type:
-        for sample in samples:
-            sample.reward = rule_reward(args, sample)
+    # As upstream's generate_and_rm: the reward model runs only where the generate function left
+    # ``sample.reward`` unset (the agent loop sets it in evaluation and when no reward model is given).
+    pending = [s for s in samples if s.reward is None]
     for sample in samples:
         if isinstance(sample.reward, (int, float)):
             sample.metadata["task_reward"] = float(sample.reward)
-        else:
-            sample.metadata.setdefault("task_reward", 0.0)
+    if args.rm_type:
+        for sample in pending:
+            sample.metadata["task_reward"] = rule_reward(args, sample)
+    for sample in samples:
+        sample.metadata.setdefault("task_reward", 0.0)
 
-    if evaluation:
+    if evaluation or not args.custom_rm_path:
         # Evaluation reports the task reward; the reward model (e.g. the OPD teacher) is not needed.
-        for sample in samples:
+        for sample in pending:
             sample.reward = sample.metadata["task_reward"]
-        return
-    if args.custom_rm_path:
+    else:
         reward_func = load_function(args.custom_rm_path)
-        results = await asyncio.gather(*(reward_func(args, s) for s in samples))
-        for sample, result in zip(samples, results):
+        results = await asyncio.gather(*(reward_func(args, s) for s in pending))
+        for sample, result in zip(pending, results):
             sample.reward = result
+    if evaluation:
+        return
 
     if args.custom_reward_post_process_path:
         post_process = load_function(args.custom_reward_post_process_path)

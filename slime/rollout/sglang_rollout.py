@@ -14,7 +14,6 @@ import logging
 import time
 
 from slime.rollout.rewards import assign_rewards
-from slime.rollout.tcod import attach_plan
 from slime.utils.http_utils import post
 from slime.utils.misc import load_function
 from slime.utils.types import Sample, Status
@@ -89,7 +88,6 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
             prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     params = dict(sampling_params)
-    params.setdefault("sampling_seed", sampling_seed(args, sample, evaluation))
     output = await post(engine_url(args, sample), {
         "input_ids": sample.tokens,
         "sampling_params": params,
@@ -113,8 +111,11 @@ async def _run_all(args, groups: list[list[Sample]], evaluation: bool) -> list[l
     semaphore = asyncio.Semaphore(max(1, args.rollout_concurrency))
 
     async def one(sample: Sample):
+        params = dict(sampling_params)
+        # Upstream seeds requests only with deterministic inference; this runtime always does, per sample.
+        params["sampling_seed"] = sampling_seed(args, sample, evaluation)
         async with semaphore:
-            result = await generate_fn(args, sample, dict(sampling_params), evaluation=evaluation)
+            result = await generate_fn(args, sample, params, evaluation=evaluation)
         return result if isinstance(result, list) else [result]
 
     flat = [s for group in groups for s in group]
@@ -133,10 +134,6 @@ async def _run_all(args, groups: list[list[Sample]], evaluation: bool) -> list[l
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
     """Generate and reward one rollout step. Returns a list of groups of samples."""
     groups = data_source.get_samples(args.rollout_batch_size) if not evaluation else data_source
-    for group in groups:
-        for sample in group:
-            sample.rollout_id = rollout_id
-            attach_plan(args, rollout_id, sample, evaluation=evaluation)
     t0 = time.perf_counter()
     groups = run_async(_run_all(args, groups, evaluation))
     t1 = time.perf_counter()

@@ -7,6 +7,11 @@ reproduce the official code:
 * F2B plays turns 1..k(n) from reset, ``k(n) = min(k_start + n // eta, k_max)``;
 * B2F replays ``max(0, L_exp - k(n))`` expert turns, then the student plays to the end.
 
+Part of the slime contribution. In upstream slime's flow, ``--rollout-function-path
+slime.rollout.tcod.generate_rollout`` wraps upstream's default ``generate_rollout`` and attaches each
+step's plan to the samples as the data source hands them out; the agent loop
+(``slime.rollout.multi_turn``) reads it. The same function serves this project's runtime.
+
 One deliberate difference: the official prefix ``max(0, (L_exp - 1) - n // eta)`` is not capped by
 ``k_max``; ours is, because the depth is. The two agree whenever ``L_exp <= k_max``. For an expert path
 longer than ``k_max`` (= ``--max-turns``) the official schedule eventually starts the student from
@@ -44,6 +49,8 @@ def b2f_prefix_length(step: int, expert_len: int | None, k_start: int, eta: int,
 # ---------------------------------------------------------------------------- episode plans
 # The rollout function knows the step n; slime's generate signature does not carry it. So the step's
 # plan is written into ``sample.metadata["episode_plan"]`` and the multi-turn generate function reads it.
+# The step lives in the plan, not in ``Sample.rollout_id``: upstream uses that field to group the
+# training samples of one rollout execution for loss aggregation.
 def episode_plan(args, rollout_id: int, evaluation: bool = False) -> dict | None:
     """The plan for every sample of rollout ``rollout_id`` (None for single-turn rollouts)."""
     max_turns = getattr(args, "max_turns", None)
@@ -70,3 +77,42 @@ def attach_plan(args, rollout_id: int, sample, evaluation: bool = False) -> None
     plan = episode_plan(args, rollout_id, evaluation)
     if plan is not None:
         sample.metadata["episode_plan"] = plan
+
+
+# ---------------------------------------------------------------------------- the rollout function
+class _PlannedDataSource:
+    """The run's data source, attaching rollout ``rollout_id``'s plan to every sample it hands out.
+
+    Upstream's ``generate_rollout`` pulls samples through ``data_source.get_samples`` (more than once
+    when it over-samples); everything else (``add_samples``, ``save``, ...) goes to the real source.
+    A sample handed back and out again (partial rollouts) gets the current step's plan.
+    """
+
+    def __init__(self, data_source, args, rollout_id: int):
+        self._source = data_source
+        self._args = args
+        self._rollout_id = rollout_id
+
+    def get_samples(self, num_samples: int):
+        groups = self._source.get_samples(num_samples)
+        for group in groups:
+            for sample in group:
+                attach_plan(self._args, self._rollout_id, sample)
+        return groups
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+
+def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
+    """slime's rollout-function hook: the default rollout, with TCOD's plan for step ``rollout_id``.
+
+    Evaluation goes to the default rollout untouched: the agent loop plays full episodes there.
+    """
+    # Imported here so the schedule above stays importable without slime's rollout stack.
+    from slime.rollout.sglang_rollout import generate_rollout as default_generate_rollout
+
+    if evaluation:
+        return default_generate_rollout(args, rollout_id, data_source, evaluation=True)
+    return default_generate_rollout(args, rollout_id, _PlannedDataSource(data_source, args, rollout_id),
+                                    evaluation=False)

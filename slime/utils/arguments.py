@@ -12,6 +12,8 @@ import argparse
 import os
 import warnings
 
+from slime.utils.tcod_arguments import add_multi_turn_tcod_arguments, validate_multi_turn_tcod_args
+
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.
 REWARD_SIDE_KL_ESTIMATORS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
@@ -100,16 +102,6 @@ def add_rollout_arguments(parser):
     return parser
 
 
-def add_multi_turn_arguments(parser):
-    g = parser.add_argument_group("multi-turn")
-    g.add_argument("--max-turns", type=int, default=None, help="student turns per episode (multi-turn rollout)")
-    g.add_argument("--rollout-interaction-env-path", type=str, default=None,
-                   help="dotted path of the environment factory")
-    g.add_argument("--max-turn-response-len", type=int, default=None,
-                   help="token limit of one student turn (default: --rollout-max-response-len)")
-    return parser
-
-
 def add_reward_arguments(parser):
     g = parser.add_argument_group("reward")
     g.add_argument("--rm-type", type=str, default=None)
@@ -167,18 +159,6 @@ def add_on_policy_distillation_arguments(parser):
     return parser
 
 
-def add_tcod_arguments(parser):
-    g = parser.add_argument_group("TCOD temporal curriculum")
-    g.add_argument("--use-tcod", action="store_true", help="grow the trajectory depth from short to long")
-    g.add_argument("--tcod-mode", choices=("f2b", "b2f"), default="f2b")
-    g.add_argument("--tcod-k-start", type=int, default=1)
-    g.add_argument("--tcod-eta", type=int, default=None, help="steps per depth increment (required)")
-    g.add_argument("--tcod-k-max", type=int, default=None, help="largest depth (default: --max-turns)")
-    g.add_argument("--tcod-prefix-source", choices=("expert", "teacher"), default=None,
-                   help="b2f only: replay expert actions (default) or let the teacher server play the prefix")
-    return parser
-
-
 def add_kl_controller_arguments(parser):
     g = parser.add_argument_group("reward-side KL controller")
     g.add_argument("--kl-ctrl", choices=("fixed", "adaptive"), default="fixed")
@@ -207,12 +187,11 @@ GROUPS = (
     add_checkpoint_arguments,
     add_data_arguments,
     add_rollout_arguments,
-    add_multi_turn_arguments,
     add_reward_arguments,
     add_algorithm_arguments,
     add_optimizer_arguments,
     add_on_policy_distillation_arguments,
-    add_tcod_arguments,
+    add_multi_turn_tcod_arguments,
     add_kl_controller_arguments,
     add_logging_arguments,
 )
@@ -223,7 +202,8 @@ def get_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
     for add in GROUPS:
         add(parser)
     if add_custom_arguments is not None:
-        add_custom_arguments(parser)
+        # Upstream's contract: the hook returns the parser (a hook that forgets to keeps the old one).
+        parser = add_custom_arguments(parser) or parser
     return parser
 
 
@@ -270,32 +250,11 @@ def _validate_opd(args):
 
 
 def _validate_tcod(args):
-    if not args.use_tcod:
-        if args.tcod_prefix_source is not None:
-            _fail("--tcod-prefix-source is set but --use-tcod is not")
-        return
-    if not args.use_opd:
-        _fail("--use-tcod shapes on-policy distillation: add --use-opd (and --opd-type)")
-    if args.max_turns is None or args.max_turns < 1:
-        _fail("--use-tcod needs a multi-turn rollout: set --max-turns >= 1 (and --rollout-interaction-env-path)")
-    if args.tcod_eta is None or args.tcod_eta <= 0:
-        _fail("--use-tcod needs --tcod-eta > 0 (rollout steps per depth increment; official: 6 F2B, 5 B2F)")
-    if args.tcod_k_start < 1:
-        _fail("--tcod-k-start must be >= 1")
-    if args.tcod_k_max is None:
-        args.tcod_k_max = args.max_turns
-    if args.tcod_k_max < args.tcod_k_start:
-        _fail(f"--tcod-k-max ({args.tcod_k_max}) must be >= --tcod-k-start ({args.tcod_k_start})")
-    if args.tcod_k_max > args.max_turns:
-        _fail(f"--tcod-k-max ({args.tcod_k_max}) must be <= --max-turns ({args.max_turns})")
-    if args.tcod_mode == "f2b" and args.tcod_prefix_source is not None:
-        _fail("--tcod-prefix-source applies to --tcod-mode b2f only; f2b always plays from reset")
-    if args.tcod_mode == "b2f":
-        if args.tcod_prefix_source is None:
-            args.tcod_prefix_source = "expert"
-        if args.tcod_prefix_source == "teacher" and (args.opd_type != "sglang" or not args.rm_url):
-            _fail("--tcod-prefix-source teacher needs a teacher server that can generate: "
-                  "--opd-type sglang with --rm-url")
+    # Shared with upstream slime through the contribution's own module (ported by port.py).
+    try:
+        validate_multi_turn_tcod_args(args)
+    except ValueError as err:
+        _fail(str(err))
 
 
 def _validate_kl(args):
@@ -337,8 +296,6 @@ def _validate_batching(args):
               f"--n-samples-per-prompt ({per_rollout})")
     if args.num_steps_per_rollout is None:
         args.num_steps_per_rollout = per_rollout // args.global_batch_size
-    if args.max_turn_response_len is None:
-        args.max_turn_response_len = args.rollout_max_response_len
     if args.eval_temperature is None:
         args.eval_temperature = args.rollout_temperature
     if args.eval_temperature < 0:
@@ -358,8 +315,6 @@ def validate_args(args):
         _fail("--rollout-temperature must be > 0 (on-policy training needs a sampling distribution)")
     if args.actor_num_nodes < 1 or args.actor_num_gpus_per_node < 1:
         _fail("--actor-num-nodes and --actor-num-gpus-per-node must be >= 1")
-    if args.max_turns is not None and args.max_turns < 1:
-        _fail("--max-turns must be >= 1")
     if args.save_interval is not None and args.save_interval < 1:
         _fail("--save-interval must be >= 1")
     if args.eps_clip_c is not None and args.eps_clip_c <= 1:

@@ -1,10 +1,15 @@
 """One shared aiohttp session per event loop, with timeouts and bounded retries.
 
+Signatures follow upstream slime where slime code calls them: ``post(url, payload, max_retries=60,
+headers=None)`` and ``get(url)``, with ``max_retries`` counting attempts as upstream does. This runtime
+adds keyword-only ``timeout`` and ``backoff``; files of the slime contribution never pass them.
+
 ``post`` / ``get`` retry connection errors, timeouts and HTTP 5xx with exponential backoff
 (``backoff * 2**attempt`` seconds, capped at ``max_backoff``); 4xx answers are the caller's fault and
-raise at once with the server's message. When the retries run out, :class:`HTTPRequestError` names
-the URL, the number of attempts and the last cause. A reply is never replaced by an empty or zero
-result. Worst-case time of a call is about ``(max_retries + 1) * timeout + sum of the backoffs``.
+raise at once with the server's message (upstream retries them too, which only delays the same error).
+When the attempts run out, :class:`HTTPRequestError` names the URL, the number of attempts and the last
+cause. A reply is never replaced by an empty or zero result. Worst-case time of a call is about
+``max_retries * timeout + sum of the backoffs``.
 
 Sessions are kept per event loop because an aiohttp session is bound to the loop that created it
 (Ray actors and tests run several loops in one process). ``post_sync`` serves code outside a loop.
@@ -15,16 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import weakref
 
 import aiohttp
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 600.0
-DEFAULT_MAX_RETRIES = 3
+# Seconds per attempt; read at call time, so a process may tune it (SLIME_HTTP_TIMEOUT) for callers that,
+# like upstream slime code, cannot pass ``timeout``.
+DEFAULT_TIMEOUT = float(os.environ.get("SLIME_HTTP_TIMEOUT", "600"))
+DEFAULT_MAX_RETRIES = 60  # attempts, upstream slime's default
 DEFAULT_BACKOFF = 1.0
-MAX_BACKOFF = 30.0
+MAX_BACKOFF = 8.0
 
 _sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = weakref.WeakKeyDictionary()
 
@@ -63,10 +71,10 @@ async def close_session() -> None:
         await session.close()
 
 
-async def _once(method: str, url: str, payload, timeout: float):
+async def _once(method: str, url: str, payload, timeout: float, headers: dict | None):
     session = get_session()
     try:
-        async with session.request(method, url, json=payload,
+        async with session.request(method, url, json=payload, headers=headers,
                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             body = await resp.read()
             if resp.status >= 500:
@@ -97,34 +105,39 @@ def _snippet(body: bytes, limit: int = 500) -> str:
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
-async def request(method: str, url: str, payload=None, *, timeout: float = DEFAULT_TIMEOUT,
-                  max_retries: int = DEFAULT_MAX_RETRIES, backoff: float = DEFAULT_BACKOFF,
-                  max_backoff: float = MAX_BACKOFF):
-    """Send one request with bounded retries. Returns the decoded JSON (or text, or None if empty)."""
-    if max_retries < 0 or timeout <= 0 or backoff < 0:
-        raise ValueError("need max_retries >= 0, timeout > 0 and backoff >= 0")
+async def request(method: str, url: str, payload=None, *, timeout: float | None = None,
+                  max_retries: int = DEFAULT_MAX_RETRIES, backoff: float | None = None,
+                  max_backoff: float = MAX_BACKOFF, headers: dict | None = None):
+    """Send one request in at most ``max_retries`` attempts. Returns the decoded JSON (or text, or None)."""
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    backoff = DEFAULT_BACKOFF if backoff is None else backoff
+    if max_retries < 1 or timeout <= 0 or backoff < 0:
+        raise ValueError("need max_retries >= 1 (attempts), timeout > 0 and backoff >= 0")
     last = None
-    for attempt in range(max_retries + 1):
+    for attempt in range(1, max_retries + 1):
         try:
-            return await _once(method, url, payload, timeout)
+            return await _once(method, url, payload, timeout, headers)
         except _Retryable as err:
             last = err
             if attempt == max_retries:
                 break
-            delay = min(max_backoff, backoff * (2 ** attempt))
-            logger.warning("%s %s failed (%s); retry %d/%d in %.2fs", method, url, err, attempt + 1,
+            delay = min(max_backoff, backoff * (2 ** (attempt - 1)))
+            logger.warning("%s %s failed (%s); attempt %d/%d, next in %.2fs", method, url, err, attempt,
                            max_retries, delay)
             await asyncio.sleep(delay)
-    raise HTTPRequestError(f"{method} {url} failed after {max_retries + 1} attempt(s): {last}",
+    raise HTTPRequestError(f"{method} {url} failed after {max_retries} attempt(s): {last}",
                            url=url, status=last.status)
 
 
-async def post(url: str, payload, **kwargs):
-    return await request("POST", url, payload, **kwargs)
+async def post(url: str, payload, max_retries: int = DEFAULT_MAX_RETRIES, headers: dict | None = None, *,
+               timeout: float | None = None, backoff: float | None = None):
+    return await request("POST", url, payload, max_retries=max_retries, headers=headers, timeout=timeout,
+                         backoff=backoff)
 
 
-async def get(url: str, **kwargs):
-    return await request("GET", url, None, **kwargs)
+async def get(url: str, *, max_retries: int = DEFAULT_MAX_RETRIES, timeout: float | None = None,
+              backoff: float | None = None):
+    return await request("GET", url, None, max_retries=max_retries, timeout=timeout, backoff=backoff)
 
 
 def post_sync(url: str, payload, **kwargs):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
-from slime.utils.types import Status
+from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 # Above this share of student turns cut before their end-of-turn token, the turn limit is too small
@@ -53,7 +53,7 @@ def per_turn_kl(samples, per_sample_kl) -> tuple[list[float], list[float]]:
 
 def turns_without_stop_fraction(samples) -> float | None:
     """Share of the student turns of finished episodes that ended without their end-of-turn token."""
-    finished = [s for s in samples if "num_turns" in s.metadata and s.status != Status.FAILED]
+    finished = [s for s in samples if "num_turns" in s.metadata and s.status != Sample.Status.FAILED]
     turns = sum(s.metadata["num_turns"] for s in finished)
     if not turns:
         return None
@@ -79,15 +79,15 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
     everything = [s for g in groups for s in g]
     out = {
         "rollout/reward": _mean(s.metadata.get("task_reward", 0.0) for s in everything
-                                if s.status != Status.FAILED),
+                                if s.status != Sample.Status.FAILED),
         "rollout/response_len": _mean(s.response_length for s in everything),
-        "rollout/truncated": _mean(float(s.status == Status.TRUNCATED) for s in everything),
+        "rollout/truncated": _mean(float(s.status == Sample.Status.TRUNCATED) for s in everything),
         "rollout/trained_tokens": sum(s.effective_response_length for s in samples),
         "rollout/trained_tokens_per_traj": _mean(s.effective_response_length for s in samples),
     }
     multi = [s for s in everything if "num_turns" in s.metadata]
     if multi:
-        finished = [s for s in multi if s.status != Status.FAILED]
+        finished = [s for s in multi if s.status != Sample.Status.FAILED]
         out["multi_turn/success_rate"] = _mean(float(bool(s.metadata.get("success"))) for s in finished)
         out["multi_turn/turns"] = _mean(s.metadata["num_turns"] for s in finished)
         cut = turns_without_stop_fraction(finished)
@@ -95,7 +95,7 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         warn_if_turns_cut(args, cut, "rollout")
         out["multi_turn/cut"] = sum(1 for s in finished if s.metadata.get("outcome") == "cut")
         out["multi_turn/replay_finished"] = sum(1 for s in everything if s.metadata.get("outcome") == "replay_finished")
-        out["multi_turn/env_failed"] = sum(1 for s in multi if s.status == Status.FAILED)
+        out["multi_turn/env_failed"] = sum(1 for s in multi if s.status == Sample.Status.FAILED)
         plans = [s.metadata.get("episode_plan") or {} for s in multi]
         if any("depth" in p for p in plans):
             out["tcod/depth"] = max(p.get("depth", 0) for p in plans)

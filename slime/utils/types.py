@@ -17,14 +17,6 @@ from enum import Enum
 from typing import Any
 
 
-class Status(str, Enum):
-    PENDING = "pending"
-    COMPLETED = "completed"
-    TRUNCATED = "truncated"
-    ABORTED = "aborted"
-    FAILED = "failed"
-
-
 def _int_list(values) -> list[int]:
     if values is None:
         return []
@@ -45,7 +37,13 @@ def _float_list(values) -> list[float] | None:
 class Sample:
     """One rollout sample (a single-turn answer or a whole multi-turn trajectory)."""
 
-    Status = Status  # slime code refers to ``Sample.Status.COMPLETED``
+    class Status(str, Enum):
+        # Nested, as in upstream slime: plugins write ``Sample.Status.COMPLETED``.
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
 
     group_index: int | None = None
     index: int | None = None
@@ -59,6 +57,8 @@ class Sample:
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
     teacher_log_probs: list[float] | None = None
+    # Upstream slime's way to keep a sample out of the loss: its loss mask is zeroed before training.
+    remove_sample: bool = False
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -127,11 +127,11 @@ class Sample:
         if update_terminal_info and meta_info is not None:
             finish = (meta_info.get("finish_reason") or {}).get("type")
             if finish == "length":
-                self.status = Status.TRUNCATED
+                self.status = Sample.Status.TRUNCATED
             elif finish == "abort":
-                self.status = Status.ABORTED
+                self.status = Sample.Status.ABORTED
             elif finish == "stop":
-                self.status = Status.COMPLETED
+                self.status = Sample.Status.COMPLETED
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -163,5 +163,10 @@ class Sample:
         if unknown:
             raise ValueError(f"Sample.from_dict: unknown field(s) {unknown}")
         if "status" in data:
-            data["status"] = Status(data["status"])
+            data["status"] = Sample.Status(data["status"])
         return Sample(**data)
+
+
+# Runtime shorthand for ``Sample.Status``. Upstream slime has no module-level ``Status``, so files of the
+# slime contribution (see docs/en/developer_guide/architecture.md) must write ``Sample.Status``.
+Status = Sample.Status

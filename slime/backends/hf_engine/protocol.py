@@ -5,8 +5,18 @@ the caller sent a batch (then the reply is a list). Every rejection raises :clas
 whose message names the offending field; the server turns it into HTTP 400.
 
 Defaults follow SGLang's ``SamplingParams`` / ``GenerateReqInput``: temperature 1, top_p 1, top_k -1
-(whole vocabulary), max_new_tokens 128, skip_special_tokens true, logprob_start_len -1 (only the last
-prompt token). Temperatures below 1e-6 mean greedy decoding, as in SGLang.
+(whole vocabulary), max_new_tokens 128, skip_special_tokens true, spaces_between_special_tokens true,
+logprob_start_len -1 (only the last prompt token). Temperatures below 1e-6 mean greedy decoding, as in
+SGLang.
+
+Sampling keys follow SGLang 0.5.23's request contract (``sglang/api/v1/api_types.py``: unknown keys in
+``sampling_params`` are a 400 there too). Every key upstream slime's rollout sends by default is
+accepted: ``spaces_between_special_tokens`` is handed to ``tokenizer.decode`` as SGLang's detokenizer
+hands it (transformers 5 tokenizers ignore it, so both values give the same text with them), and
+``custom_params`` is checked against SGLang's type for it and otherwise unused: SGLang only hands it to
+a custom logit processor, which hf_engine does not have. Upstream slime's
+``{"return_top_p_token_ids": true}`` is read by its patched SGLang only; stock SGLang 0.5.23 ignores it
+and returns no ``top_p_token_ids``, and so does hf_engine.
 """
 
 from __future__ import annotations
@@ -16,26 +26,32 @@ from dataclasses import dataclass, field
 
 GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: below it, sampling turns into argmax
 
-# SGLang sampling parameters this engine does not implement. They are accepted at their neutral value
-# (so clients that always send them keep working) and rejected otherwise, rather than silently ignored.
+# SGLang sampling parameters this engine does not implement. They are accepted at a neutral value (so
+# clients that always send them keep working) and rejected otherwise, rather than silently ignored.
+# Several have more than one neutral spelling in SGLang: an empty grammar string means "unset", an empty
+# logit_bias / stop_regex / choice means none, beam_width 1 is no beam search.
 _NEUTRAL_UNSUPPORTED = {
-    "min_p": 0.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_new_tokens": 0,
-    "n": 1,
-    "json_schema": None,
-    "regex": None,
-    "ebnf": None,
-    "structural_tag": None,
-    "custom_params": None,
-    "logit_bias": None,
-    "stream_interval": None,
-    "spaces_between_special_tokens": True,
+    "min_p": (0.0,),
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "min_new_tokens": (0,),
+    "n": (1,),
+    "beam_width": (1,),
+    "json_schema": ("",),
+    "regex": ("",),
+    "ebnf": ("",),
+    "structural_tag": ("",),
+    "stop_regex": ([],),
+    "logit_bias": ({},),
+    "choice": ([],),
+    "watermark": (),
 }
+# "seed" is hf_engine's own alias of sampling_seed (SGLang would reject it); stream_interval only paces
+# streamed chunks, so any integer is accepted and none matters.
 _SUPPORTED = {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids",
-              "skip_special_tokens", "no_stop_trim", "ignore_eos", "sampling_seed", "seed"}
+              "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "ignore_eos",
+              "sampling_seed", "seed", "custom_params", "stream_interval"}
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
               "return_text_in_logprobs", "stream", "top_logprobs_num", "prompt"}
 
@@ -53,9 +69,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     ignore_eos: bool = False
     seed: int | None = None
+    custom_params: dict | None = None  # validated, then unused (no custom logit processor here)
 
     @property
     def greedy(self) -> bool:
@@ -106,7 +124,42 @@ def _boolean(name, v):
     return v
 
 
-def parse_sampling_params(raw, where: str = "sampling_params") -> SamplingParams:
+def _is_neutral(value, neutrals) -> bool:
+    # null always means "use the default", as in SGLang. A boolean is no number here (SGLang's contract
+    # rejects true where it expects 0), though Python would let False == 0 through.
+    if value is None:
+        return True
+    return not isinstance(value, bool) and any(value == n for n in neutrals)
+
+
+_JSON_SCALARS = (type(None), bool, int, float, str)
+# SGLang's private key in custom_params (a reasoning terminator chosen by its OpenAI renderer); its
+# SamplingParams.verify checks it strictly, so a bad value is a 400 there too.
+_REASONING_END_KEY = "__sglang_reasoning_end_token_ids"
+_MAX_REASONING_END_IDS = 32
+
+
+def _custom_params(name, value, vocab_size):
+    """Check ``custom_params`` against SGLang's type for it, ``Dict[str, CustomParamValue]``: values are
+    JSON scalars, lists of scalars or objects of scalars. SGLang's HTTP layer lets any JSON through, but
+    its scheduler decodes the request with that type and fails there; hf_engine answers 400 up front."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{name} must be an object, got {type(value).__name__}")
+    for key, entry in value.items():
+        inner = entry if isinstance(entry, list) else entry.values() if isinstance(entry, dict) else [entry]
+        if not all(isinstance(e, _JSON_SCALARS) for e in inner):
+            raise ProtocolError(f"{name}.{key} must be a JSON scalar, a list of scalars or an object of "
+                                f"scalars (SGLang's custom_params type)")
+    if _REASONING_END_KEY in value:
+        ids = value[_REASONING_END_KEY]
+        if (not isinstance(ids, list) or not 0 < len(ids) <= _MAX_REASONING_END_IDS
+                or not all(_is_int(t) and 0 <= t and (vocab_size is None or t < vocab_size) for t in ids)):
+            raise ProtocolError(f"{name}.{_REASONING_END_KEY} must be a non-empty list of at most "
+                                f"{_MAX_REASONING_END_IDS} token ids")
+    return dict(value)
+
+
+def parse_sampling_params(raw, where: str = "sampling_params", vocab_size: int | None = None) -> SamplingParams:
     if raw is None:
         return SamplingParams()
     if not isinstance(raw, dict):
@@ -115,9 +168,11 @@ def parse_sampling_params(raw, where: str = "sampling_params") -> SamplingParams
     for key, value in raw.items():
         name = f"{where}.{key}"
         if key in _NEUTRAL_UNSUPPORTED:
-            if value is not None and value != _NEUTRAL_UNSUPPORTED[key]:
+            neutrals = _NEUTRAL_UNSUPPORTED[key]
+            if not _is_neutral(value, neutrals):
+                allowed = " or ".join(["null"] + [repr(n) for n in neutrals])
                 raise ProtocolError(f"{name}={value!r} is not supported by hf_engine (only its neutral "
-                                    f"value {_NEUTRAL_UNSUPPORTED[key]!r})")
+                                    f"value: {allowed})")
             continue
         if key not in _SUPPORTED:
             raise ProtocolError(f"{name} is not a known sampling parameter")
@@ -142,10 +197,16 @@ def parse_sampling_params(raw, where: str = "sampling_params") -> SamplingParams
             if not isinstance(value, list) or not all(_is_int(t) for t in value):
                 raise ProtocolError(f"{name} must be a list of integers")
             out.stop_token_ids = list(value)
-        elif key in ("skip_special_tokens", "no_stop_trim", "ignore_eos"):
+        elif key in ("skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "ignore_eos"):
             setattr(out, key, _boolean(name, value))
         elif key in ("sampling_seed", "seed"):
             out.seed = _integer(name, value)
+            if not -(2**63) <= out.seed < 2**63:
+                raise ProtocolError(f"{name} must fit in 64 bits (SGLang's range), got {value}")
+        elif key == "custom_params":
+            out.custom_params = _custom_params(name, value, vocab_size)
+        elif key == "stream_interval":
+            _integer(name, value)  # only paces streamed chunks, and hf_engine does not stream
     return out
 
 
@@ -203,10 +264,10 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
     if batched and isinstance(raw_params, list):
         if len(raw_params) != n:
             raise ProtocolError(f"sampling_params is a list of {len(raw_params)} entries for {n} prompts")
-        params = [parse_sampling_params(p, f"sampling_params[{i}]") for i, p in enumerate(raw_params)]
+        params = [parse_sampling_params(p, f"sampling_params[{i}]", vocab_size) for i, p in enumerate(raw_params)]
     else:
         # Parsed once per prompt so that no two requests share (and mutate) one object.
-        params = [parse_sampling_params(raw_params) for _ in range(n)]
+        params = [parse_sampling_params(raw_params, vocab_size=vocab_size) for _ in range(n)]
 
     rids = _per_item(body, "rid", n, batched, None)
     want_lp = _per_item(body, "return_logprob", n, batched, False)
@@ -269,7 +330,9 @@ def build_response(req: GenerateRequest, result: GenerateResult, tokenizer) -> d
     # SGLang trims the matched stop from the text (not from output_ids) unless no_stop_trim is set.
     if not sp.no_stop_trim and finish.get("type") == "stop" and _is_int(matched) and text_ids:
         text_ids = text_ids[:-1]
-    text = tokenizer.decode(text_ids, skip_special_tokens=sp.skip_special_tokens)
+    # As SGLang's detokenizer does: both flags go to the tokenizer, which decides what they do.
+    text = tokenizer.decode(text_ids, skip_special_tokens=sp.skip_special_tokens,
+                            spaces_between_special_tokens=sp.spaces_between_special_tokens)
     if not sp.no_stop_trim and isinstance(matched, str):
         cut = text.find(matched)
         if cut >= 0:

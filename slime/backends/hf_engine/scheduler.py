@@ -5,6 +5,10 @@ Work arrives in FIFO order. Each loop turn the worker (1) runs every waiting sco
 generation requests as one group and merges them into the running batch (up to ``max_batch_size``
 rows), (3) decodes one token for every running row. Rows leave the batch as soon as they finish.
 
+``load()`` counts what SGLang's ``/v1/loads`` counts: rows being decoded (running) and requests received
+but not yet decoding (waiting: queued, being scored or prefilled). Every job is counted from
+``submit`` until it is answered or dropped, so the count reaches 0 exactly when the engine is idle.
+
 A weight update is a barrier in the queue: requests that arrived before it finish on the old weights
 (the worker stops admitting and drains the running batch first); requests after it see the new ones.
 
@@ -55,6 +59,7 @@ class _Job:
     started: float = field(default_factory=time.perf_counter)
     result: GenerateResult = field(default_factory=GenerateResult)
     abort_message: str | None = None
+    settled: bool = False  # answered or dropped: no longer counted by Scheduler.load()
 
 
 @dataclass
@@ -79,6 +84,11 @@ class Scheduler:
         self._running: list[_Job] = []
         self._batch = None
         self._last_tokens = torch.empty(0, dtype=torch.long)
+        # Jobs taken off the queue in this step that are neither running nor answered yet: if the step
+        # fails, they are answered with the error too instead of waiting forever.
+        self._in_hand: list[_Job] = []
+        self._unanswered = 0  # jobs submitted and not yet settled
+        self._count_lock = threading.Lock()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="hf-engine-worker", daemon=True)
 
@@ -93,6 +103,8 @@ class Scheduler:
 
     def submit(self, req: GenerateRequest, loop, future) -> None:
         seed = req.sampling.seed if req.sampling.seed is not None else self._seeds.getrandbits(63)
+        with self._count_lock:
+            self._unanswered += 1
         self._inbox.put(_Job(req, loop, future, make_generator(seed)))
 
     def submit_update_weights(self, model_path: str, loop, future) -> None:
@@ -109,6 +121,15 @@ class Scheduler:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def load(self) -> tuple[int, int]:
+        """``(running, waiting)``: rows in the decode batch, and the other requests not yet answered."""
+        with self._count_lock:
+            unanswered = self._unanswered
+        # Read from the event loop while the worker moves rows: a row may finish (and be settled) a
+        # moment before it leaves the running list, so running is capped by what is unanswered.
+        running = min(len(self._running), unanswered)
+        return running, unanswered - running
 
     # ------------------------------------------------------------------ worker thread
     def _drain(self, block: bool) -> None:
@@ -157,10 +178,27 @@ class Scheduler:
                 self._fail_all(err)
 
     def _fail_all(self, err):
-        for job in self._running:
-            _resolve(job.loop, job.future, error=err)
-        self._running, self._batch = [], None
+        # By identity: a job taken this step may already be running too (dataclasses do not hash).
+        for job in {id(j): j for j in self._running + self._in_hand}.values():
+            if not job.settled:
+                _resolve(job.loop, job.future, error=err)
+                self._settle(job)
+        self._running, self._batch, self._in_hand = [], None, []
         self._last_tokens = torch.empty(0, dtype=torch.long)
+
+    def _take(self, jobs) -> None:
+        """Take jobs off the queue; they are in hand until they run or are answered."""
+        for job in jobs:
+            self._waiting.remove(job)
+        self._in_hand.extend(jobs)
+
+    def _settle(self, job) -> None:
+        """A job leaves the engine (answered, failed or dropped): it is counted no more."""
+        if job.settled:
+            return
+        job.settled = True
+        with self._count_lock:
+            self._unanswered -= 1
 
     def _step(self):
         # Answer aborted waiting jobs right away; they never reach the model.
@@ -182,6 +220,7 @@ class Scheduler:
             self._admit([j for j in segment if not j.req.score_only])
         if self._running:
             self._decode_step()
+        self._in_hand = []  # the step went through: each taken job is running or answered
 
     def _run_barrier(self, barrier: _Barrier):
         if barrier.kind == "flush_cache":
@@ -211,8 +250,7 @@ class Scheduler:
             yield group
 
     def _run_scoring(self, jobs):
-        for job in jobs:
-            self._waiting.remove(job)
+        self._take(jobs)
         # Shortest first: rows of similar length share a forward, so a burst of mixed lengths (per-turn
         # teacher examples, trajectories of different horizons) pads far less. Replies go per job.
         jobs = sorted(jobs, key=lambda j: len(j.req.input_ids))
@@ -229,8 +267,7 @@ class Scheduler:
         jobs = jobs[:max(0, room)]
         if not jobs:
             return
-        for job in jobs:
-            self._waiting.remove(job)
+        self._take(jobs)
         prefixes = {id(job): self._reusable_prefix(job) for job in jobs}
         cost = lambda j: len(j.req.input_ids) - prefixes[id(j)][0]  # noqa: E731 - tokens actually fed
         for group in self._budget_groups(jobs, cost):
@@ -298,6 +335,7 @@ class Scheduler:
         keep = []
         for i, job in enumerate(jobs):
             if job.future.cancelled():
+                self._settle(job)
                 continue  # the client went away: drop the row silently
             if job.abort_message:
                 job.result.finish_reason = finish_abort(job.abort_message)
@@ -333,3 +371,4 @@ class Scheduler:
     def _reply(self, job: _Job):
         job.result.latency_s = time.perf_counter() - job.started
         _resolve(job.loop, job.future, job.result)
+        self._settle(job)

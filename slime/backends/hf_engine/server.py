@@ -3,6 +3,12 @@
 Request handlers only parse, validate and wait on futures; the model runs on the scheduler's worker
 thread, so health checks and aborts are answered while a batch is decoding. Errors use SGLang's shape
 ``{"error": {"message": ...}}``: 400 for a bad request (the message names the field), 500 otherwise.
+
+Besides SGLang's engine routes, ``GET /workers`` is a *router* route (sglang-router / SGLang Model
+Gateway), served so that one engine can act as a one-worker router: upstream slime's rollout asks its
+router for ``/workers`` and then sends ``/abort_request`` and ``/v1/loads`` to every listed worker
+itself, so pointing its router address at an hf_engine works. The engine lists itself, at the address
+the caller reached it by.
 """
 
 from __future__ import annotations
@@ -11,6 +17,9 @@ import asyncio
 import json
 import logging
 import os
+import time
+import uuid
+from datetime import datetime, timezone
 
 from aiohttp import web
 
@@ -20,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 RUNNER = web.AppKey("runner", object)
 SCHEDULER = web.AppKey("scheduler", object)
+ENGINE_ID = web.AppKey("engine_id", str)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -79,13 +89,21 @@ async def health_generate(request: web.Request) -> web.Response:
     return web.Response(text="")
 
 
-async def get_model_info(request: web.Request) -> web.Response:
+async def model_info(request: web.Request) -> web.Response:
+    """SGLang's ``/model_info`` (``/get_model_info`` is its older name for the same reply)."""
     runner = request.app[RUNNER]
+    config = runner.model.config
     return web.json_response({
         "model_path": runner.model_path,
+        "served_model_name": runner.model_path,  # SGLang's default when --served-model-name is unset
         "tokenizer_path": runner.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,
+        "weight_version": "default",  # SGLang's default; hf_engine has no /update_weight_version
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": getattr(config, "model_type", None),
+        "architectures": getattr(config, "architectures", None),
         # Not in SGLang's reply: the OPD start-up check compares the teacher's vocabulary with the student's.
         "vocab_size": len(runner.tokenizer),
         "model_vocab_size": runner.vocab_size,
@@ -128,20 +146,80 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 
 
 async def abort_request(request: web.Request) -> web.Response:
+    """SGLang's rules: ``abort_all: true`` aborts every request, ``rid`` the one with that id; a body
+    with neither (or an empty rid) aborts nothing, since an empty rid would otherwise match them all."""
     try:
         body = await _json_body(request)
     except ProtocolError as err:
         return _error(400, str(err))
     if not isinstance(body, dict):
         return _error(400, "request body must be a JSON object")
-    rid = body.get("rid")
-    if body.get("abort_all") or rid in (None, ""):
+    rid, abort_all = body.get("rid"), body.get("abort_all", False)
+    if not isinstance(abort_all, bool):
+        return _error(400, f"abort_all must be true or false, got {abort_all!r}")
+    if rid is not None and not isinstance(rid, str):
+        return _error(400, "rid must be a string")
+    if abort_all:
         request.app[SCHEDULER].abort(None)
-    elif isinstance(rid, str):
+    elif rid:
         request.app[SCHEDULER].abort(rid)
     else:
-        return _error(400, "rid must be a string")
+        logger.warning("abort_request with neither a rid nor abort_all: nothing aborted")
     return web.Response(text="")
+
+
+# SGLang's /v1/loads sections. hf_engine has none of the optional ones (memory, speculative decoding,
+# LoRA, disaggregation, queue breakdown), so every include answers the core fields only, as SGLang
+# does for a section it has no data for.
+_LOAD_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+
+
+async def loads(request: web.Request) -> web.Response:
+    """SGLang's ``GET /v1/loads``: one entry per data-parallel rank (here, one) under ``loads``, with
+    ``num_running_reqs`` and ``num_waiting_reqs`` (the numbers upstream slime's abort loop polls)."""
+    query = request.query
+    include = [s.strip() for s in query["include"].split(",")] if query.get("include") else []
+    unknown = sorted(set(include) - _LOAD_SECTIONS)
+    if unknown:
+        return _error(400, f"include has unknown section(s) {unknown}; valid: {sorted(_LOAD_SECTIONS)}")
+    if query.get("format", "json") != "json":
+        return _error(400, f"format={query['format']!r} is not supported by hf_engine (only json)")
+    dp_rank = query.get("dp_rank")
+    if dp_rank is not None and not dp_rank.lstrip("-").isdigit():
+        return _error(400, f"dp_rank must be an integer, got {dp_rank!r}")
+    scheduler = request.app[SCHEDULER]
+    running, waiting = scheduler.load()
+    core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+            "max_running_requests": scheduler.max_batch_size}
+    runner = request.app[RUNNER]
+    return web.json_response({
+        "timestamp": datetime.now(timezone.utc).isoformat(),
+        "version": "hf_engine",
+        "accelerator": None,
+        "num_accelerators": 0 if runner.device.type == "cpu" else 1,
+        # SGLang answers an out-of-range dp_rank with no entries.
+        "loads": [core] if dp_rank is None or int(dp_rank) == 0 else [],
+    })
+
+
+async def workers(request: web.Request) -> web.Response:
+    """A router's ``GET /workers`` listing this engine alone (see the module docstring). The fields are
+    sglang-router's worker entry; callers such as upstream slime read ``url``."""
+    # The address the caller used reaches this engine from where the caller is, whatever --host says
+    # (0.0.0.0 would not do as a URL).
+    url = f"{request.scheme}://{request.host}"
+    scheduler = request.app[SCHEDULER]
+    running, waiting = scheduler.load()
+    healthy = scheduler.alive
+    worker = {"id": request.app[ENGINE_ID], "url": url, "model_id": request.app[RUNNER].model_path,
+              "priority": 50, "cost": 1.0, "worker_type": "regular", "is_healthy": healthy,
+              "load": running + waiting, "connection_mode": "http"}
+    return web.json_response({
+        "workers": [worker],
+        "total": 1,
+        "stats": {"total_workers": 1, "healthy_workers": int(healthy), "total_models": 1,
+                  "total_load": running + waiting, "by_type": {"regular": 1, "prefill": 0, "decode": 0}},
+    })
 
 
 @web.middleware
@@ -161,15 +239,19 @@ def make_app(runner, scheduler) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
     app[RUNNER] = runner
     app[SCHEDULER] = scheduler
+    app[ENGINE_ID] = uuid.uuid4().hex  # this engine's worker id in the /workers listing
     app.router.add_post("/generate", generate)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
-    app.router.add_get("/get_model_info", get_model_info)
+    app.router.add_get("/model_info", model_info)
+    app.router.add_get("/get_model_info", model_info)
     app.router.add_get("/get_server_info", get_server_info)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/flush_cache", flush_cache)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
     app.router.add_post("/abort_request", abort_request)
+    app.router.add_get("/v1/loads", loads)
+    app.router.add_get("/workers", workers)  # a router route: see the module docstring
 
     async def on_cleanup(_app):
         scheduler.stop()

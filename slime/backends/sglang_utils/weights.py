@@ -11,10 +11,15 @@ def _base(url: str) -> str:
     return url[: -len("/generate")] if url.endswith("/generate") else url
 
 
-async def update_weights_from_disk(url: str, model_path: str, *, timeout: float = 600.0, **kwargs) -> dict:
-    """Ask the engine to load the HF checkpoint at ``model_path``; raise if it reports failure."""
+async def update_weights_from_disk(url: str, model_path: str, *, timeout: float = 600.0, max_retries: int = 4,
+                                   **kwargs) -> dict:
+    """Ask the engine to load the HF checkpoint at ``model_path``; raise if it reports failure.
+
+    Few attempts: an engine that cannot be reached now will not be reached in a minute either, and
+    training on against stale weights would silently go off-policy.
+    """
     reply = await http_utils.post(f"{_base(url)}/update_weights_from_disk", {"model_path": str(model_path)},
-                                  timeout=timeout, **kwargs)
+                                  max_retries, timeout=timeout, **kwargs)
     if not isinstance(reply, dict) or not reply.get("success"):
         raise RuntimeError(f"{_base(url)} did not load weights from {model_path}: {reply!r}")
     return reply

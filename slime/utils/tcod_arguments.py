@@ -1,0 +1,89 @@
+"""Flags of multi-turn rollouts and of TCOD's temporal curriculum, and their validation.
+
+Part of the slime contribution: upstream slime registers these through
+``examples/multi_turn_tcod/upstream/port.py``, which adds :func:`add_multi_turn_tcod_arguments` to the
+parser built in ``slime/utils/arguments.py`` and runs :func:`validate_multi_turn_tcod_args` after
+``slime_validate_args`` (so values set by upstream's ``--custom-config-path`` YAML are validated too).
+This project's runtime calls the same two functions.
+
+Every rejection raises ``ValueError`` whose message names the flag and the fix.
+"""
+
+from __future__ import annotations
+
+# The rollout function that attaches each step's episode plan; the default one does not (see tcod.py).
+TCOD_ROLLOUT_FUNCTION_PATH = "slime.rollout.tcod.generate_rollout"
+DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
+
+
+def add_multi_turn_arguments(parser):
+    g = parser.add_argument_group("multi-turn rollout")
+    g.add_argument("--max-turns", type=int, default=None, help="student turns per episode (multi-turn rollout)")
+    g.add_argument("--max-turn-response-len", type=int, default=None,
+                   help="token limit of one student turn (default: --rollout-max-response-len)")
+    g.add_argument("--rollout-interaction-env-path", type=str, default=None,
+                   help="the environment: a module exposing build_env(sample, args) (upstream's contract) "
+                        "or the dotted path of a factory make_env(args, sample)")
+    return parser
+
+
+def add_tcod_arguments(parser):
+    g = parser.add_argument_group("TCOD temporal curriculum")
+    g.add_argument("--use-tcod", action="store_true", help="grow the trajectory depth from short to long")
+    g.add_argument("--tcod-mode", choices=("f2b", "b2f"), default="f2b")
+    g.add_argument("--tcod-k-start", type=int, default=1)
+    g.add_argument("--tcod-eta", type=int, default=None, help="rollout steps per depth increment (required)")
+    g.add_argument("--tcod-k-max", type=int, default=None, help="largest depth (default: --max-turns)")
+    g.add_argument("--tcod-prefix-source", choices=("expert", "teacher"), default=None,
+                   help="b2f only: replay expert actions (default) or let the teacher server play the prefix")
+    return parser
+
+
+def add_multi_turn_tcod_arguments(parser):
+    """Both groups; returns the parser, as upstream's argument hooks do."""
+    return add_tcod_arguments(add_multi_turn_arguments(parser))
+
+
+def _positive(args, name: str) -> None:
+    value = getattr(args, name, None)
+    if value is not None and not value >= 1:  # `not >=` also rejects NaN
+        raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def validate_multi_turn_tcod_args(args) -> None:
+    """Check the multi-turn and TCOD flags and fill their derived defaults, in place."""
+    for name in ("max_turns", "max_turn_response_len"):
+        _positive(args, name)
+    if getattr(args, "max_turn_response_len", None) is None:
+        args.max_turn_response_len = args.rollout_max_response_len
+    if args.max_turns is not None and not args.rollout_interaction_env_path:
+        raise ValueError("--max-turns is set but --rollout-interaction-env-path is not: name the environment")
+    if not args.use_tcod:
+        if args.tcod_prefix_source is not None:
+            raise ValueError("--tcod-prefix-source is set but --use-tcod is not")
+        return
+    if not args.use_opd:
+        raise ValueError("--use-tcod shapes on-policy distillation: add --use-opd (and --opd-type)")
+    if args.max_turns is None:
+        raise ValueError("--use-tcod needs a multi-turn rollout: set --max-turns and --rollout-interaction-env-path")
+    if args.rollout_function_path == DEFAULT_ROLLOUT_FUNCTION_PATH:
+        raise ValueError(f"--use-tcod needs --rollout-function-path {TCOD_ROLLOUT_FUNCTION_PATH}: the default "
+                         "rollout function does not give episodes their curriculum depth")
+    if args.tcod_eta is None or not args.tcod_eta >= 1:
+        raise ValueError("--use-tcod needs --tcod-eta >= 1 (rollout steps per depth increment; official: 6 F2B, 5 B2F)")
+    if not args.tcod_k_start >= 1:
+        raise ValueError("--tcod-k-start must be >= 1")
+    if args.tcod_k_max is None:
+        args.tcod_k_max = args.max_turns
+    if args.tcod_k_max < args.tcod_k_start:
+        raise ValueError(f"--tcod-k-max ({args.tcod_k_max}) must be >= --tcod-k-start ({args.tcod_k_start})")
+    if args.tcod_k_max > args.max_turns:
+        raise ValueError(f"--tcod-k-max ({args.tcod_k_max}) must be <= --max-turns ({args.max_turns})")
+    if args.tcod_mode == "f2b" and args.tcod_prefix_source is not None:
+        raise ValueError("--tcod-prefix-source applies to --tcod-mode b2f only; f2b always plays from reset")
+    if args.tcod_mode == "b2f":
+        if args.tcod_prefix_source is None:
+            args.tcod_prefix_source = "expert"
+        if args.tcod_prefix_source == "teacher" and (args.opd_type != "sglang" or not args.rm_url):
+            raise ValueError("--tcod-prefix-source teacher needs a teacher server that can generate: "
+                             "--opd-type sglang with --rm-url")
