@@ -76,12 +76,29 @@ def build_expert_sample(make_env, args, sample: Sample, tokenizer, system: str |
 
 
 def read_task_samples(path) -> list[Sample]:
-    """Tasks from a data file (as the env data generators write them), numbered in file order."""
-    from slime.utils.data import Dataset
+    """Tasks from a jsonl file (as the env data generators write them), numbered in file order.
 
-    samples = Dataset(path, label_key=None).samples
-    for index, sample in enumerate(samples):
-        sample.index = index
+    Read here rather than through a Dataset class, whose signature differs between upstream slime and
+    this project's runtime.
+    """
+    samples = []
+    with open(path) as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not JSON ({err})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("metadata", {}), dict):
+                raise ValueError(f"{path}:{line_no}: each row must be an object with an object 'metadata'")
+            metadata = dict(row.get("metadata") or {})
+            if "expert_actions" in row:
+                metadata["expert_actions"] = list(row["expert_actions"])
+            samples.append(Sample(index=len(samples), prompt=row.get("input", ""), label=row.get("label"),
+                                  metadata=metadata))
+    if not samples:
+        raise ValueError(f"{path} holds no tasks")
     return samples
 
 

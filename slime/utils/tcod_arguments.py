@@ -51,39 +51,48 @@ def _positive(args, name: str) -> None:
 
 
 def validate_multi_turn_tcod_args(args) -> None:
-    """Check the multi-turn and TCOD flags and fill their derived defaults, in place."""
+    """Check the multi-turn and TCOD flags and fill their derived defaults, in place.
+
+    Reads every flag with ``getattr``: upstream's own tests call ``slime_validate_args`` on hand-built
+    argument objects that never heard of these flags, and those must pass untouched.
+    """
+    def flag(name, default=None):
+        return getattr(args, name, default)
+
     for name in ("max_turns", "max_turn_response_len"):
         _positive(args, name)
-    if getattr(args, "max_turn_response_len", None) is None:
+    if flag("max_turn_response_len") is None and flag("rollout_max_response_len") is not None:
         args.max_turn_response_len = args.rollout_max_response_len
-    if args.max_turns is not None and not args.rollout_interaction_env_path:
+    if flag("max_turns") is not None and not flag("rollout_interaction_env_path"):
         raise ValueError("--max-turns is set but --rollout-interaction-env-path is not: name the environment")
-    if not args.use_tcod:
-        if args.tcod_prefix_source is not None:
+    if not flag("use_tcod", False):
+        if flag("tcod_prefix_source") is not None:
             raise ValueError("--tcod-prefix-source is set but --use-tcod is not")
         return
-    if not args.use_opd:
+    if not flag("use_opd", False):
         raise ValueError("--use-tcod shapes on-policy distillation: add --use-opd (and --opd-type)")
-    if args.max_turns is None:
+    if flag("max_turns") is None:
         raise ValueError("--use-tcod needs a multi-turn rollout: set --max-turns and --rollout-interaction-env-path")
-    if args.rollout_function_path == DEFAULT_ROLLOUT_FUNCTION_PATH:
+    if flag("rollout_function_path") == DEFAULT_ROLLOUT_FUNCTION_PATH:
         raise ValueError(f"--use-tcod needs --rollout-function-path {TCOD_ROLLOUT_FUNCTION_PATH}: the default "
                          "rollout function does not give episodes their curriculum depth")
-    if args.tcod_eta is None or not args.tcod_eta >= 1:
+    eta, k_start = flag("tcod_eta"), flag("tcod_k_start", 1)
+    if eta is None or not eta >= 1:
         raise ValueError("--use-tcod needs --tcod-eta >= 1 (rollout steps per depth increment; official: 6 F2B, 5 B2F)")
-    if not args.tcod_k_start >= 1:
+    if not k_start >= 1:
         raise ValueError("--tcod-k-start must be >= 1")
-    if args.tcod_k_max is None:
+    if flag("tcod_k_max") is None:
         args.tcod_k_max = args.max_turns
-    if args.tcod_k_max < args.tcod_k_start:
-        raise ValueError(f"--tcod-k-max ({args.tcod_k_max}) must be >= --tcod-k-start ({args.tcod_k_start})")
+    if args.tcod_k_max < k_start:
+        raise ValueError(f"--tcod-k-max ({args.tcod_k_max}) must be >= --tcod-k-start ({k_start})")
     if args.tcod_k_max > args.max_turns:
         raise ValueError(f"--tcod-k-max ({args.tcod_k_max}) must be <= --max-turns ({args.max_turns})")
-    if args.tcod_mode == "f2b" and args.tcod_prefix_source is not None:
+    mode = flag("tcod_mode", "f2b")
+    if mode == "f2b" and flag("tcod_prefix_source") is not None:
         raise ValueError("--tcod-prefix-source applies to --tcod-mode b2f only; f2b always plays from reset")
-    if args.tcod_mode == "b2f":
-        if args.tcod_prefix_source is None:
+    if mode == "b2f":
+        if flag("tcod_prefix_source") is None:
             args.tcod_prefix_source = "expert"
-        if args.tcod_prefix_source == "teacher" and (args.opd_type != "sglang" or not args.rm_url):
+        if args.tcod_prefix_source == "teacher" and (flag("opd_type") != "sglang" or not flag("rm_url")):
             raise ValueError("--tcod-prefix-source teacher needs a teacher server that can generate: "
                              "--opd-type sglang with --rm-url")

@@ -52,8 +52,9 @@ def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_l
         if actions is None or not (min_len <= len(actions) <= (max_len or len(actions))):
             continue
         label = json.dumps(metadata, sort_keys=True)
+        # The actions go into metadata too: upstream slime's Dataset keeps only the metadata column.
         yield {"input": first_observation, "label": label,
-               "metadata": metadata, "expert_actions": actions}
+               "metadata": {**metadata, "expert_actions": actions}, "expert_actions": actions}
         made += 1
 
 

@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 RUNNER = web.AppKey("runner", object)
 SCHEDULER = web.AppKey("scheduler", object)
+# /generate requests accepted so far, by prompt (a batch of n counts n); reported by /get_server_info
+# so a test can count how often a teacher was asked.
+GENERATE_COUNT = web.AppKey("generate_count", list)
 ENGINE_ID = web.AppKey("engine_id", str)
 
 
@@ -66,6 +69,7 @@ async def generate(request: web.Request) -> web.Response:
         reqs, batched = parse_generate(body, runner.tokenizer, runner.vocab_size, runner.context_len)
     except ProtocolError as err:
         return _error(400, str(err))
+    app[GENERATE_COUNT][0] += len(reqs)
     results = await _run(app, reqs)
     out = [build_response(r, res, runner.tokenizer) for r, res in zip(reqs, results)]
     return web.json_response(out if batched else out[0])
@@ -125,7 +129,8 @@ async def get_server_info(request: web.Request) -> web.Response:
                               "max_batch_size": scheduler.max_batch_size,
                               "max_prefill_tokens": scheduler.max_prefill_tokens,
                               "disable_radix_cache": not scheduler.prefix_cache.enabled,
-                              "prefix_cache": scheduler.prefix_cache.stats()})
+                              "prefix_cache": scheduler.prefix_cache.stats(),
+                              "generate_requests": request.app[GENERATE_COUNT][0]})
 
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
@@ -170,7 +175,8 @@ async def abort_request(request: web.Request) -> web.Response:
 
 # SGLang's /v1/loads sections. hf_engine has none of the optional ones (memory, speculative decoding,
 # LoRA, disaggregation, queue breakdown), so every include answers the core fields only, as SGLang
-# does for a section it has no data for.
+# does for a section it has no data for. An unknown section is refused (SGLang raises on it too, though
+# there it surfaces as a 500).
 _LOAD_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
 
 
@@ -182,11 +188,12 @@ async def loads(request: web.Request) -> web.Response:
     unknown = sorted(set(include) - _LOAD_SECTIONS)
     if unknown:
         return _error(400, f"include has unknown section(s) {unknown}; valid: {sorted(_LOAD_SECTIONS)}")
-    if query.get("format", "json") != "json":
-        return _error(400, f"format={query['format']!r} is not supported by hf_engine (only json)")
-    dp_rank = query.get("dp_rank")
-    if dp_rank is not None and not dp_rank.lstrip("-").isdigit():
-        return _error(400, f"dp_rank must be an integer, got {dp_rank!r}")
+    if query.get("format") == "prometheus":  # SGLang answers JSON to any other format value
+        return _error(400, "format=prometheus is not supported by hf_engine (JSON only)")
+    try:
+        dp_rank = int(query["dp_rank"]) if "dp_rank" in query else None
+    except ValueError:
+        return _error(400, f"dp_rank must be an integer, got {query['dp_rank']!r}")
     scheduler = request.app[SCHEDULER]
     running, waiting = scheduler.load()
     core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
@@ -198,7 +205,7 @@ async def loads(request: web.Request) -> web.Response:
         "accelerator": None,
         "num_accelerators": 0 if runner.device.type == "cpu" else 1,
         # SGLang answers an out-of-range dp_rank with no entries.
-        "loads": [core] if dp_rank is None or int(dp_rank) == 0 else [],
+        "loads": [core] if dp_rank in (None, 0) else [],
     })
 
 
@@ -239,6 +246,7 @@ def make_app(runner, scheduler) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
     app[RUNNER] = runner
     app[SCHEDULER] = scheduler
+    app[GENERATE_COUNT] = [0]
     app[ENGINE_ID] = uuid.uuid4().hex  # this engine's worker id in the /workers listing
     app.router.add_post("/generate", generate)
     app.router.add_get("/health", health)

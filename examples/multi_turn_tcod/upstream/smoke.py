@@ -1,0 +1,345 @@
+"""CPU smoke run of the ported contribution inside upstream slime's own rollout flow.
+
+    python examples/multi_turn_tcod/upstream/smoke.py PORTED_SLIME_DIR
+
+PORTED_SLIME_DIR is an upstream THUDM/slime tree after ``port.py``. This process imports slime from
+that tree only (ray, sglang and sglang_router are stubbed, as upstream's CPU tests stub them; nothing
+GPU-side runs). The student and the teacher are tiny models served by this project's ``hf_engine``
+(separate processes started from this repository), the student engine also standing in for the
+router. The run goes through upstream's parser (with the port's flags), upstream's data source,
+``slime.rollout.tcod.generate_rollout`` wrapping upstream's ``generate_rollout`` ->
+``generate_and_rm`` -> the agent loop -> upstream's ``async_rm`` -> the OPD teacher, then the reward
+post-processing hook as upstream's RolloutManager calls it. Checked, for TCOD F2B and B2F:
+
+* the curriculum depth of each step and the B2F prefix (``max(0, L_exp - k(n))`` expert turns in the
+  prompt, nothing of it trained);
+* the teacher is called once per trajectory and ``teacher_log_probs`` has ``response_length``
+  entries equal to the teacher's own scores of those tokens;
+* the trained-token layout: ``loss_mask`` covers exactly the student turns, removed samples
+  (``remove_sample``) are never trained, rewards are the environment's returns;
+* flag validation through upstream's ``slime_validate_args`` (including the ``--custom-config-path``
+  YAML) rejects TCOD without its rollout function.
+
+Prints one line per check and exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+STUBBED_PACKAGES = ("ray", "sglang", "sglang_router")  # GPU / cluster packages, never imported for real
+RESULTS: list[tuple[bool, str]] = []
+
+
+def check(ok: bool, what: str) -> bool:
+    RESULTS.append((bool(ok), what))
+    print(f"{'PASS' if ok else 'FAIL'}  {what}", flush=True)
+    return bool(ok)
+
+
+# ---------------------------------------------------------------------------- stubs
+class _StubModule(types.ModuleType):
+    """Any attribute is a do-nothing class: enough for import-time references in upstream's modules."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stub = type(name, (), {"__init__": lambda self, *args, **kwargs: None})
+        setattr(self, name, stub)
+        return stub
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in STUBBED_PACKAGES:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def use_upstream_tree(slime_dir: Path) -> None:
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO]
+    sys.path.insert(0, str(slime_dir))
+    sys.meta_path.insert(0, _StubFinder())
+    import slime
+
+    if Path(slime.__file__).resolve().parent != slime_dir / "slime":
+        raise SystemExit(f"smoke.py: 'import slime' resolved to {slime.__file__}, not {slime_dir}/slime")
+
+
+# ---------------------------------------------------------------------------- engines (this project)
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def runtime(*argv: str, **kwargs):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, check=True, **kwargs)
+
+
+def start_engine(model: Path, log: Path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "slime.backends.hf_engine", "--model-path", str(model),
+                                "--host", "127.0.0.1", "--port", str(port)], cwd=REPO, env=env,
+                               stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"smoke.py: hf_engine for {model} exited; see {log}")
+        try:
+            urllib.request.urlopen(f"{url}/health_generate", timeout=5).read()
+            return process, url, port
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"smoke.py: hf_engine for {model} did not become healthy in 180 s; see {log}")
+
+
+def server_info(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/get_server_info", timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+# ---------------------------------------------------------------------------- upstream args
+def upstream_args(argv: list[str], student_port: int, model: Path):
+    from slime.utils import arguments
+
+    parser = arguments.get_slime_extra_args_provider()(argparse.ArgumentParser())
+    args = parser.parse_args(argv)
+    # What upstream's separate SGLang parser and its launcher would add.
+    args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", student_port
+    args.sglang_server_concurrency, args.sglang_dp_size, args.rollout_num_engines = 8, None, 1
+    args.sglang_enable_deterministic_inference = False
+    args.use_distributed_post = False
+    args.rollout_num_gpus, args.rollout_num_gpus_per_engine = 1, 1
+    args.hf_checkpoint = str(model)
+    return args
+
+
+# Set by upstream's pre-parser and Megatron's parser, which this CPU run does not build. They are
+# filled with None only when slime_validate_args asks for them, and listed in the output.
+FILLED: set[str] = set()
+
+
+def validate_through_upstream(args) -> str | None:
+    """Run upstream's slime_validate_args; None if it passed, else the error text."""
+    import re
+
+    from slime.utils import arguments
+
+    for name in FILLED:
+        if not hasattr(args, name):
+            setattr(args, name, None)
+    for _ in range(200):
+        try:
+            arguments.slime_validate_args(args)
+        except AttributeError as err:
+            missing = re.search(r"has no attribute '(\w+)'", str(err))
+            if not missing or missing.group(1) in FILLED:
+                return f"AttributeError: {err}"
+            FILLED.add(missing.group(1))
+            setattr(args, missing.group(1), None)
+        except Exception as err:  # noqa: BLE001 - the message is what is checked
+            return f"{type(err).__name__}: {err}"
+        else:
+            return None
+    return "slime_validate_args kept asking for attributes"
+
+
+# ---------------------------------------------------------------------------- the run
+def rollout(args, rollout_id: int, data_source):
+    from slime.rollout.base_types import call_rollout_fn
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils.misc import load_function
+
+    fn = load_function(args.rollout_function_path)
+    output = call_rollout_fn(fn, args, rollout_id, data_source, evaluation=False)
+    GenerateState(args).reset()
+    samples = [s for group in output.samples for s in (group if isinstance(group, list) else [group])]
+    return samples
+
+
+def teacher_scores(teacher_model, tokens: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = teacher_model(torch.tensor([tokens])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    return [logp[i - 1, tokens[i]].item() for i in range(1, len(tokens))]
+
+
+def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: dict, calls: int):
+    from slime.rollout.tcod import curriculum_depth
+    from slime.utils.misc import load_function
+
+    depth = curriculum_depth(step, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
+    tag = f"{mode} step {step} (k={depth})"
+    plans_ok = all((s.metadata.get("episode_plan") or {}).get("depth") == depth for s in samples)
+    check(plans_ok, f"{tag}: every sample carries the step's plan")
+    if mode == "f2b":
+        check(all(s.metadata["num_turns"] <= depth for s in samples), f"{tag}: no episode plays more than k turns")
+        check(all(s.metadata["prefix_turns"] == 0 for s in samples), f"{tag}: f2b plays from reset")
+    else:
+        playable = [s for s in samples if s.metadata.get("variant") != "broken"]
+        want = {s.index: max(0, expert_len[s.label] - depth) for s in playable}
+        got = {s.index: s.metadata["prefix_turns"] for s in playable}
+        check(got == want, f"{tag}: b2f replays max(0, L_exp - k) expert turns {sorted(set(want.values()))}")
+    kept = [s for s in samples if not s.remove_sample]
+    check(calls == len(kept), f"{tag}: {calls} teacher calls for {len(kept)} trainable trajectories")
+    should_drop = {s.index for s in samples if s.metadata.get("variant") == "broken"
+                   or (mode == "b2f" and step == 0 and s.metadata.get("variant") == "replay_finishes")}
+    dropped = {s.index for s in samples if s.remove_sample}
+    if should_drop or dropped:
+        outcomes = sorted({s.metadata["outcome"] for s in samples if s.remove_sample})
+        check(dropped == should_drop, f"{tag}: remove_sample set on exactly the failed episode / finished replay "
+                                      f"({len(dropped)}: {outcomes})")
+
+    # Upstream's RolloutManager._post_process_rewards with a custom hook, then its train-data rules.
+    post = load_function(args.custom_reward_post_process_path)
+    raw, rewards = post(args, samples)
+    check(len(raw) == len(rewards) == len(samples), f"{tag}: post-processing returns one reward per sample")
+    check(rewards == [s.metadata["task_reward"] for s in samples], f"{tag}: rewards are the environment returns")
+    layout_ok, teacher_ok = True, True
+    for s in samples:
+        mask = [0] * s.response_length if s.remove_sample else s.loss_mask  # what upstream trains on
+        trained = {t for t, m in enumerate(mask) if m}
+        turns = {t for a, b in s.metadata["turn_spans"] for t in range(a, b)} if not s.remove_sample else set()
+        layout_ok &= len(s.loss_mask) == s.response_length >= 1 and trained == turns
+        layout_ok &= len(s.teacher_log_probs) == s.response_length
+        if not s.remove_sample:
+            scores = teacher_scores(teacher_model, s.tokens)[-s.response_length:]
+            teacher_ok &= max(abs(a - b) for a, b in zip(scores, s.teacher_log_probs)) < 1e-3
+    check(layout_ok, f"{tag}: loss masks cover exactly the student turns; teacher log-probs per response token")
+    check(teacher_ok, f"{tag}: teacher log-probs equal the teacher model's own scores")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="CPU smoke run of TCOD inside upstream slime's rollout flow")
+    parser.add_argument("slime_dir", type=Path, help="an upstream slime tree after port.py")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    opts = parser.parse_args(argv)
+    slime_dir = opts.slime_dir.resolve()
+    work = Path(tempfile.mkdtemp(prefix="tcod_smoke_"))
+    print(f"smoke.py: upstream tree {slime_dir}, work folder {work}", flush=True)
+
+    # Tiny student and teacher (one tokenizer), and gridnav tasks: this project's runtime makes them.
+    make = ("from slime.utils.tiny_models import save_tiny_checkpoint as s; import sys; "
+            "s(sys.argv[1], hidden_size=32, num_layers=2, num_heads=2, seed=int(sys.argv[2]))")
+    runtime("-c", make, str(work / "student"), "3")
+    runtime("-c", make, str(work / "teacher"), "11")
+    data = work / "tasks.jsonl"
+    subprocess.run([sys.executable, "-m", "examples.multi_turn_tcod.envs.make_data", "--env", "gridnav", "--n", "6",
+                    "--seed", "0", "--size", "5", "--min-len", "3", "--max-len", "5", "--out", str(data)],
+                   cwd=slime_dir, check=True, env={**os.environ, "PYTHONPATH": str(slime_dir)})
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    # Two tasks that must never train: one whose environment cannot be built (size 0), and one whose
+    # expert path carries an extra action, so B2F's first replay (L_exp - 1 turns) already solves it.
+    broken = {**rows[0], "metadata": {**rows[0]["metadata"], "size": 0, "variant": "broken"}}
+    extra = {**rows[1], "metadata": {**rows[1]["metadata"], "variant": "replay_finishes",
+                                     "expert_actions": rows[1]["metadata"]["expert_actions"] + ["up"]}}
+    rows = [broken, extra] + rows
+    for row in rows:
+        row["label"] = json.dumps({k: v for k, v in row["metadata"].items() if k != "expert_actions"}, sort_keys=True)
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    expert_len = {row["label"]: len(row["metadata"]["expert_actions"]) for row in rows}
+
+    engines = []
+    try:
+        student, student_url, student_port = start_engine(work / "student", work / "student.log")
+        engines.append(student)
+        teacher, teacher_url, _ = start_engine(work / "teacher", work / "teacher.log")
+        engines.append(teacher)
+        use_upstream_tree(slime_dir)
+        return run_checks(slime_dir, work, data, student_port, teacher_url, expert_len)
+    finally:
+        for process in engines:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(process.pid, signal.SIGKILL)
+        if not opts.keep:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teacher_url: str, expert_len) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils.http_utils import init_http_client
+
+    teacher_model = AutoModelForCausalLM.from_pretrained(work / "teacher", dtype=torch.float32).eval()
+    common = ["--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--prompt-data", str(data),
+              "--input-key", "input", "--label-key", "label", "--metadata-key", "metadata",
+              "--rollout-max-response-len", "160", "--rollout-temperature", "1.0", "--num-rollout", "4",
+              "--custom-generate-function-path", "slime.rollout.multi_turn.generate",
+              "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs",
+              "--max-turns", "6", "--max-turn-response-len", "6",
+              "--use-opd", "--opd-type", "sglang", "--rm-url", f"{teacher_url}/generate",
+              "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
+              "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
+              "--use-tcod", "--tcod-eta", "2"]
+
+    # Flags: registered by the port, validated by upstream's slime_validate_args (YAML config included).
+    args = upstream_args(common + ["--tcod-mode", "f2b"], student_port, work / "student")
+    error = validate_through_upstream(args)
+    check(error is not None and "--rollout-function-path slime.rollout.tcod.generate_rollout" in error,
+          "upstream's slime_validate_args rejects --use-tcod with the default rollout function")
+    config = work / "tcod.yaml"
+    config.write_text("rollout_function_path: slime.rollout.tcod.generate_rollout\ntcod_k_max: 4\n")
+    args = upstream_args(common + ["--tcod-mode", "f2b", "--custom-config-path", str(config)], student_port,
+                         work / "student")
+    error = validate_through_upstream(args)
+    if error is not None:
+        print(f"      upstream validation said: {error}")
+    check(error is None and args.tcod_k_max == 4, "a --custom-config-path YAML sets the TCOD flags and passes")
+
+    print(f"      (Megatron / pre-parser attributes set to None for upstream's validation: {sorted(FILLED)})")
+    init_http_client(args)
+    for mode in ("f2b", "b2f"):
+        args = upstream_args(common + ["--tcod-mode", mode, "--custom-config-path", str(config)], student_port,
+                             work / "student")
+        validate_through_upstream(args)
+        GenerateState.clear_instances()  # upstream's singleton holds the args it was made with
+        data_source = RolloutDataSourceWithBuffer(args)
+        for step in (0, 2, 6):
+            before = server_info(teacher_url)["generate_requests"]
+            samples = rollout(args, step, data_source)
+            calls = server_info(teacher_url)["generate_requests"] - before
+            check_step(args, mode, step, samples, teacher_model, expert_len, calls)
+
+    failed = [what for ok, what in RESULTS if not ok]
+    print(f"smoke.py: {len(RESULTS) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
