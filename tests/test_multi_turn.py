@@ -217,3 +217,74 @@ def test_turns_cut_before_their_stop_token_are_counted_and_warned(engine, caplog
         s.metadata["turns_without_stop"] = 0
     samples[0].metadata["turns_without_stop"] = 1
     assert step_metrics.turns_without_stop_fraction(samples) == pytest.approx(1 / turns)
+
+
+class _Tasks:
+    """A data source handing out groups of one task each (what tcod.generate_rollout wraps)."""
+
+    def __init__(self, n):
+        self.next = 0
+        self.n = n
+
+    def get_samples(self, num):
+        groups = [[task(self.next + i)] for i in range(num)]
+        self.next += num
+        return groups
+
+
+def test_tcod_rollout_function_attaches_the_step_plan_through_the_data_source(engine):
+    from slime.rollout import tcod
+
+    args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+                     "--use-tcod", "--tcod-mode", "f2b", "--tcod-eta", "2", "--rollout-batch-size", "3",
+                     "--custom-generate-function-path", "slime.rollout.multi_turn.generate")
+    for step, depth in ((0, 1), (5, 3)):
+        groups = tcod.generate_rollout(args, step, _Tasks(3))
+        samples = [s for g in groups for s in g]
+        assert len(samples) == 3
+        assert all(s.metadata["episode_plan"]["depth"] == depth for s in samples)
+        assert all(s.metadata["num_turns"] <= depth for s in samples)
+        assert all(s.rollout_id is None for s in samples)  # upstream's field, not the training step
+    # Evaluation passes through untouched: full episodes.
+    [[evaluated]] = tcod.generate_rollout(args, 5, [[task(9)]], evaluation=True)
+    assert "episode_plan" not in evaluated.metadata and evaluated.metadata["outcome"] != "cut"
+
+
+def test_use_tcod_without_a_plan_fails_instead_of_playing_full_episodes(engine):
+    args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+                     "--use-tcod", "--tcod-mode", "f2b", "--tcod-eta", "2")
+
+    async def one():
+        return await generate(args, task(0), build_sampling_params(args))
+
+    with pytest.raises(ValueError, match="slime.rollout.tcod.generate_rollout"):
+        run_async(one())
+
+
+def test_reward_is_left_to_the_reward_model_and_the_return_kept(engine):
+    # Upstream's generate_and_rm calls the reward model only when sample.reward is None.
+    opd = ["--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
+           "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func"]
+    trained = play(make_args(engine, *opd), [task(i) for i in range(3)])
+    assert all(s.reward is None and isinstance(s.metadata["task_reward"], float) for s in trained)
+    evaluated = play(make_args(engine, *opd), [task(i) for i in range(3)], evaluation=True)
+    assert all(s.reward == s.metadata["task_reward"] for s in evaluated)
+    plain = play(make_args(engine), [task(i) for i in range(3)])
+    assert all(s.reward == s.metadata["task_reward"] for s in plain)
+
+
+def test_removed_samples_never_reach_the_teacher(engine):
+    from argparse import Namespace
+
+    from slime.rollout import on_policy_distillation as opd
+
+    args = make_args(engine, "--rollout-interaction-env-path", "flaky_env.make_env")
+    [failed, ok] = play(args, [task(0, fail_at=0), task(1)])
+    assert failed.remove_sample and failed.status == Status.FAILED and failed.response_length >= 1
+    assert failed.loss_mask == [0] * failed.response_length
+    teacher = Namespace(rm_url=f"http://127.0.0.1:1/generate", rollout_temperature=1.0)  # nothing listens there
+    replies = run_async(opd.reward_func(teacher, [failed]))
+    assert replies == [opd.SKIPPED_REPLY]
+    opd.post_process_rewards(teacher, [failed])
+    assert len(failed.teacher_log_probs) == failed.response_length
+    assert not ok.remove_sample

@@ -104,7 +104,11 @@ def read_task_samples(path) -> list[Sample]:
 
 def load_tokenizer(name: str):
     if name == "tiny":
-        from slime.utils.tiny_models import build_tokenizer
+        try:
+            from slime.utils.tiny_models import build_tokenizer
+        except ImportError:
+            raise ValueError("--tokenizer tiny is the local test tokenizer of slime-tcod's runtime; "
+                             "pass the student's HF tokenizer path") from None
         return build_tokenizer()
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(name)

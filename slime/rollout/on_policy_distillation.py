@@ -73,7 +73,7 @@ async def _score(args, sample: Sample) -> dict:
     url = _rm_url(args)
     try:
         reply = await http_utils.post(url, teacher_payload(args, sample), TEACHER_MAX_RETRIES)
-    except Exception as err:  # upstream raises the transport's own errors, this runtime HTTPRequestError
+    except Exception as err:  # the error types differ between upstream's http_utils and this runtime's
         raise RuntimeError(f"OPD teacher request for sample {sample.index} to {url} failed: "
                            f"{type(err).__name__}: {err}") from err
     if not isinstance(reply, dict) or "input_token_logprobs" not in (reply.get("meta_info") or {}):
