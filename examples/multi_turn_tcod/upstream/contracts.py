@@ -1,0 +1,770 @@
+#!/usr/bin/env python3
+"""Python driver of ``verify.sh``: upstream slime's own CPU tests and plugin contracts, run on a ported tree.
+
+``verify.sh SLIME_DIR`` makes two copies of an upstream slime tree, ``pristine/`` and ``ported/`` (the latter
+with ``port.py`` applied), and calls this driver for the parts that are easier in Python:
+
+``copy-tree SRC DST``
+    Copy an upstream tree (a git checkout: its tracked and untracked-but-not-ignored files; a plain tree:
+    everything but VCS, cache and virtualenv folders).
+``digest DIR``
+    One sha256 over a tree's paths, modes and contents (``.git``, caches, virtualenvs, ``*.egg-info``,
+    ``*.pyc`` left out): the idempotence check compares it before and after a second ``port.py`` run.
+``deps --tree PRISTINE``
+    Make sure this Python can import what upstream's CPU tests import (found by running them on the
+    pristine tree, with their reference hooks); missing packages named in the tree's requirements.txt (or
+    in ``ALSO_INSTALLABLE``) are pip-installed into this Python (``VERIFY_NO_INSTALL=1``: list them and
+    fail instead). ray, sglang, sglang_router and torch are never installed: upstream's contract tests stub
+    the first three, torch is the user's choice of build.
+``matrix --pristine P --ported Q --work W``
+    Run ``tests/test_sample.py``, ``tests/test_rollout_metrics.py`` and ``tests/plugin_contracts/`` on both
+    trees. On ``ported/`` the ``SLIME_CONTRACT_*`` variables point at this contribution's hooks; on
+    ``pristine/`` at upstream's own counterpart of each hook. Every test gets a verdict:
+
+    * PASS         passes on the ported tree with our hook;
+    * FAIL-SHARED  fails with our hook, and upstream's own counterpart fails it too, at the same point of the
+                   test or earlier (so the contract asks for something upstream's own hooks of that kind do
+                   not do either);
+    * FAIL-OURS    fails with our hook where upstream's counterpart passes, or stops at an earlier point of the
+                   test than upstream's counterpart does (an import error, a signature mismatch...): a real
+                   problem of the contribution;
+    * FAIL-BOTH    a test without a hook that fails on the pristine tree too (an environment problem; still
+                   a failure).
+
+    Exit status 1 on any FAIL-OURS or FAIL-BOTH, or if a hook's contract test is missing upstream.
+
+``_pytest --results JSON [--alias] -- PYTEST_ARGS``
+    Internal: one pytest session in the current directory (a tree), recording each test's outcome, the
+    exception and how far into the test file it got, as JSON.
+
+Nothing here modifies the trees it is given except through the tests themselves (caches, ``__pycache__``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# ---------------------------------------------------------------------------------------------------------
+# What is run, and which hook each contract test exercises.
+# ---------------------------------------------------------------------------------------------------------
+
+UPSTREAM_TESTS = ["tests/test_sample.py", "tests/test_rollout_metrics.py", "tests/plugin_contracts"]
+
+GENERATE = "tests/plugin_contracts/test_plugin_generate_contracts.py"
+ROLLOUT = "tests/plugin_contracts/test_plugin_rollout_contracts.py"
+PATH_LOADING = "tests/plugin_contracts/test_plugin_path_loading_contracts.py"
+RUNTIME_HOOK = "tests/plugin_contracts/test_plugin_runtime_hook_contracts.py"
+
+ENV_PREFIX = "SLIME_CONTRACT_"
+
+# The rollout and eval contracts skip their checks when the path is upstream's default
+# ("slime.rollout.sglang_rollout.generate_rollout"). Upstream's own counterpart is that very function, so
+# on the pristine tree it is handed to the test under this alias: the same object, another name.
+ALIAS_MODULE = "tcod_verify_upstream_default"
+UPSTREAM_DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
+
+OPD_RM = "slime.rollout.on_policy_distillation.reward_func"
+OPD_POST = "slime.rollout.on_policy_distillation.post_process_rewards"
+
+
+@dataclass(frozen=True)
+class Hook:
+    env_key: str  # SLIME_CONTRACT_<env_key>
+    ours: str  # path on the ported tree
+    theirs: str  # upstream's own counterpart, on the pristine tree
+    theirs_label: str
+    test_id: str  # the contract test that loads the path
+    expected: str  # why upstream's own counterpart fails it too (printed for FAIL-SHARED)
+    extra_env: tuple[tuple[str, str], ...] = ()
+    suffix: str = ""  # distinguishes a second run of the same test id
+
+
+HOOKS = [
+    Hook(
+        "ROLLOUT_FUNCTION_PATH",
+        "slime.rollout.tcod.generate_rollout",
+        f"{ALIAS_MODULE}.generate_rollout",
+        f"{UPSTREAM_DEFAULT_ROLLOUT} (aliased)",
+        f"{ROLLOUT}::test_rollout_function_path_contract_supports_user_override",
+        "the contract calls the rollout function with args=None and no rollout engines; upstream's default "
+        "generate_rollout needs both too (the test exempts it by name only)",
+    ),
+    Hook(
+        "EVAL_FUNCTION_PATH",
+        "slime.rollout.tcod.generate_rollout",
+        f"{ALIAS_MODULE}.generate_rollout",
+        f"{UPSTREAM_DEFAULT_ROLLOUT} (aliased)",
+        f"{PATH_LOADING}::test_path_loading_path_aligns_with_expected_format[eval_function]",
+        "the contract calls the eval function with args=None and no rollout engines; upstream's default "
+        "generate_rollout needs both too (the test exempts it by name only)",
+    ),
+    Hook(
+        "CUSTOM_GENERATE_FUNCTION_PATH",
+        "slime.rollout.multi_turn.generate",
+        "examples.geo3k_vlm_multi_turn.rollout.generate",
+        "examples.geo3k_vlm_multi_turn.rollout.generate",
+        f"{GENERATE}::test_custom_generate_function_path_supports_user_override",
+        "the contract calls generate with a bare Args (none of the hook's own flags) and no engine to talk "
+        "to; upstream's own multi-turn generate (geo3k) needs both too",
+    ),
+    Hook(
+        "CUSTOM_RM_PATH",
+        OPD_RM,
+        OPD_RM,
+        f"{OPD_RM} (upstream's file)",
+        f"{PATH_LOADING}::test_custom_rm_path_aligns_with_expected_format",
+        "an OPD reward is the teacher's scored reply, which needs a teacher server (--rm-url); upstream's own "
+        "OPD reward_func cannot return a float without one either",
+    ),
+    Hook(
+        "CUSTOM_RM_PATH",
+        OPD_RM,
+        OPD_RM,
+        f"{OPD_RM} (upstream's file)",
+        f"{PATH_LOADING}::test_custom_rm_path_aligns_with_expected_format",
+        "with GROUP_RM the contract wants parameters (args, samples); OPD's reward_func is per sample "
+        "(args, sample, **kwargs) in upstream as here, and needs a teacher server to score anything",
+        extra_env=(("GROUP_RM", "1"),),
+        suffix=" [GROUP_RM=1]",
+    ),
+    Hook(
+        "CUSTOM_REWARD_POST_PROCESS_PATH",
+        OPD_POST,
+        OPD_POST,
+        f"{OPD_POST} (upstream's file)",
+        f"{RUNTIME_HOOK}::test_runtime_hook_path_aligns_with_expected_format[custom_reward_post_process]",
+        "the contract wants exactly (args, samples) and float rewards in the samples; OPD's post-process "
+        "takes **kwargs like upstream's own, and expects teacher replies in sample.reward",
+    ),
+]
+
+# The other SLIME_CONTRACT_* keys upstream's contract files read: this contribution has no hook for them,
+# so they stay unset and those tests check upstream's own reference hooks on both trees.
+OTHER_CONTRACT_KEYS = ("DYNAMIC_SAMPLING_FILTER_PATH", "BUFFER_FILTER_PATH", "DATA_SOURCE_PATH",
+                       "ROLLOUT_SAMPLE_FILTER_PATH", "ROLLOUT_ALL_SAMPLES_PROCESS_PATH",
+                       "CUSTOM_ROLLOUT_LOG_FUNCTION_PATH", "CUSTOM_EVAL_ROLLOUT_LOG_FUNCTION_PATH",
+                       "CUSTOM_CONVERT_SAMPLES_TO_TRAIN_DATA_PATH", "ROLLOUT_DATA_POSTPROCESS_PATH")
+
+# Modules never installed by this harness (GPU stack or stubbed by upstream's tests), and pip names of
+# import names that differ.
+NEVER_INSTALL = {"ray", "sglang", "sglang_router", "torch", "megatron", "transformer_engine", "flash_attn",
+                 "apex", "vllm", "deep_ep", "deep_gemm", "triton", "slime", "examples", "tests",
+                 "plugin_contracts"}
+PIP_NAME = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf", "git": "gitpython",
+            "sentry_sdk": "sentry-sdk", "dateutil": "python-dateutil", "attr": "attrs",
+            "sklearn": "scikit-learn", "cv2": "opencv-python-headless"}
+
+# Installed when missing besides what the tree's requirements.txt lists (imported by upstream's code, but
+# brought in there by sglang).
+ALSO_INSTALLABLE = {"pytest", "numpy", "pybase64", "pyyaml", "tqdm", "httpx", "aiohttp", "pillow"}
+
+# Modules imported by the counterpart hooks (loaded only while a test runs, so collection misses them).
+COUNTERPART_MODULES = ["examples.geo3k_vlm_multi_turn.rollout", "slime.rollout.on_policy_distillation",
+                       "slime.rollout.sglang_rollout"]
+
+EXCLUDED_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", "venv", ".mypy_cache", ".ruff_cache"}
+
+
+def _skip_dir(name: str) -> bool:
+    """Folders left out of plain-tree copies and of checksums: VCS, caches, virtualenvs, build metadata."""
+    return name in EXCLUDED_DIRS or name.endswith(".egg-info")
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# copy-tree and digest
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _is_git_toplevel(path: Path) -> bool:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return Path(out).resolve() == path.resolve()
+
+
+def _tree_files(root: Path) -> list[str]:
+    """Relative paths of the files that make up the tree."""
+    if _is_git_toplevel(root):
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
+                             capture_output=True, check=True).stdout
+        names = sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
+        return [n for n in names if os.path.lexists(root / n)]  # tracked files deleted in the work tree
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
+        rel = os.path.relpath(dirpath, root)
+        for f in sorted(filenames):
+            if not f.endswith(".pyc"):
+                names.append(os.path.normpath(os.path.join(rel, f)))
+    return names
+
+
+def cmd_copy_tree(ns) -> int:
+    src, dst = Path(ns.src).resolve(), Path(ns.dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for rel in _tree_files(src):
+        s, d = src / rel, dst / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        if s.is_symlink():
+            os.symlink(os.readlink(s), d)
+        elif s.is_dir():  # a submodule: copy its files
+            shutil.copytree(s, d, symlinks=True, ignore=shutil.ignore_patterns(*EXCLUDED_DIRS))
+        else:
+            shutil.copy2(s, d)
+        n += 1
+    say(f"copied {n} entries of {src} to {dst}")
+    return 0
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
+        for f in sorted(filenames):
+            if f.endswith(".pyc"):
+                continue
+            p = Path(dirpath, f)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
+            if stat.S_ISLNK(st.st_mode):
+                h.update(b"L" + os.readlink(p).encode() + b"\0")
+            else:
+                h.update(b"X" if st.st_mode & stat.S_IXUSR else b"F")
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def cmd_digest(ns) -> int:
+    print(tree_digest(Path(ns.dir)))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# deps
+# ---------------------------------------------------------------------------------------------------------
+
+_MISSING_RE = re.compile(r"No module named '([^']+)'")
+
+_PROBE = """
+import importlib, sys
+sys.path[:0] = ["tests", "."]
+from plugin_contracts._shared import install_stubs
+install_stubs(with_sglang_router=True, with_transformers=True)
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ImportError as err:
+        print(f"probe {name}: {type(err).__name__}: {err}")
+"""
+
+
+def _tree_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for running a tree's tests: the tree first on sys.path, no stray contract vars."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env["PYTHONPATH"] = str(tree)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _probe_missing(tree: Path) -> tuple[set[str], str]:
+    """Import names that upstream's CPU tests (and the counterpart hooks) cannot find on this Python.
+
+    The tests are run, not only collected: some modules are imported inside the functions they test."""
+    env = _tree_env(tree)
+    runs = [
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", "-rfE",
+         "--continue-on-collection-errors", *UPSTREAM_TESTS],
+        [sys.executable, "-c", _PROBE, *COUNTERPART_MODULES],
+    ]
+    missing, text = set(), ""
+    for cmd in runs:
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+        out = proc.stdout + proc.stderr
+        text += out
+        missing |= {m.split(".")[0] for m in _MISSING_RE.findall(out)}
+    return missing, text
+
+
+def _norm(pip_name: str) -> str:
+    return re.sub(r"[-_.]+", "-", pip_name).lower()
+
+
+def _installable(tree: Path) -> set[str]:
+    """Pip names this harness may install: the tree's requirements.txt (less what it never installs) and a few."""
+    names = set(ALSO_INSTALLABLE)
+    req = tree / "requirements.txt"
+    if req.is_file():
+        for line in req.read_text().splitlines():
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#")[0])
+            if m:
+                names.add(m.group(1))
+    return {_norm(n) for n in names} - {_norm(n) for n in NEVER_INSTALL} - {"sglang-router"}
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def cmd_deps(ns) -> int:
+    tree = Path(ns.tree).resolve()
+    no_install = ns.no_install or os.environ.get("VERIFY_NO_INSTALL") == "1"
+    installed: list[str] = []
+
+    def install(pkgs: list[str]) -> bool:
+        if no_install:
+            say(f"[deps] missing, not installing (VERIFY_NO_INSTALL=1): {' '.join(pkgs)}")
+            return False
+        if not _has_module("pip"):
+            say(f"[deps] ERROR: {sys.executable} has no pip; install these yourself: {' '.join(pkgs)}")
+            return False
+        say(f"[deps] installing into {sys.executable} (missing, needed by upstream's CPU tests): {' '.join(pkgs)}")
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               *pkgs], capture_output=True, text=True)
+        noise = ("WARNING: Location", "ignored: it is neither")
+        for line in (proc.stdout + proc.stderr).splitlines():
+            if line.strip() and not any(n in line for n in noise):
+                say(f"[deps]   pip: {line}")
+        if proc.returncode != 0:
+            say(f"[deps] ERROR: pip install {' '.join(pkgs)} failed (exit {proc.returncode})")
+            return False
+        installed.extend(pkgs)
+        return True
+
+    if not _has_module("pytest") and not install(["pytest"]):
+        return 1
+    allowed = _installable(tree)
+    refused: list[str] = []
+    for _round in range(10):
+        missing, text = _probe_missing(tree)
+        wanted = sorted(PIP_NAME.get(m, m) for m in missing if _norm(PIP_NAME.get(m, m)) in allowed)
+        refused = sorted(m for m in missing if _norm(PIP_NAME.get(m, m)) not in allowed)
+        if not wanted:
+            break
+        if not install(wanted):
+            return 1
+    else:
+        say("[deps] ERROR: still missing modules after 10 install rounds:")
+        say(_tail(text, 40))
+        return 1
+    if refused:
+        say(f"[deps] ERROR: upstream's CPU tests cannot import {', '.join(refused)} with {sys.executable}. "
+            "This harness installs only packages named in the tree's requirements.txt (never ray, sglang, "
+            "sglang_router, torch) and a few it knows; install what is missing yourself or use another "
+            "PYTHON. The tests that need it fail on both trees. Output of the pristine run:")
+        say(_tail(text, 30))
+        return 1
+    if installed:
+        say(f"[deps] installed into {sys.executable}: {' '.join(installed)}")
+    else:
+        say(f"[deps] upstream's CPU tests import fine with {sys.executable} (nothing installed)")
+    return 0
+
+
+def _tail(text: str, n: int) -> str:
+    return "\n".join("    " + line for line in text.splitlines()[-n:])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# _pytest: one recorded pytest session (runs inside a tree, in its own process)
+# ---------------------------------------------------------------------------------------------------------
+
+_STAGE_RANK = {"collect": 0, "setup": 1, "call": 2, "teardown": 3}
+
+
+class _UpstreamDefaultAlias(types.ModuleType):
+    """``tcod_verify_upstream_default.generate_rollout`` is upstream's default rollout function."""
+
+    def __getattr__(self, name):
+        if name == "generate_rollout":
+            from slime.rollout.sglang_rollout import generate_rollout
+
+            return generate_rollout
+        raise AttributeError(name)
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class _Recorder:
+    """pytest plugin: each test's outcome, and for a failure the exception and the path through the test file."""
+
+    def __init__(self):
+        self.tests: dict[str, dict] = {}
+        self.collect_errors: dict[str, str] = {}
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            text = report.longreprtext
+            errs = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+            self.collect_errors[report.nodeid] = errs[-1] if errs else _first_line(text)
+
+    def pytest_runtest_logreport(self, report):
+        rec = self.tests.setdefault(report.nodeid, {"outcome": "passed"})
+        if report.failed and rec["outcome"] in ("passed", "skipped"):
+            rec["outcome"] = "failed" if report.when == "call" else "error"
+            rec["stage"] = report.when
+            rec.setdefault("error", _first_line(report.longreprtext))
+        elif report.skipped and rec["outcome"] == "passed":
+            rec["outcome"] = "skipped"
+            rec["error"] = _first_line(str(report.longrepr))
+
+    def pytest_exception_interact(self, node, call, report):
+        excinfo = call.excinfo
+        nodeid = getattr(node, "nodeid", None)
+        if excinfo is None or nodeid is None or not hasattr(node, "runtest"):
+            return
+        rec = self.tests.setdefault(nodeid, {"outcome": "passed"})
+        if "exception" in rec:
+            return
+        test_file = str(node.path)
+        path, stmt = [_STAGE_RANK.get(call.when, 2)], ""
+        for entry in excinfo.traceback:
+            if str(entry.path) == test_file:
+                path.append(entry.lineno + 1)
+                try:
+                    stmt = str(entry.statement).strip().splitlines()[0]
+                except Exception:  # noqa: BLE001 - source may be unavailable
+                    stmt = ""
+        rec["exception"] = f"{excinfo.typename}: {_first_line(excinfo.value)}"
+        rec["progress"] = path
+        rec["where"] = f"line {path[-1]}: {stmt}" if len(path) > 1 else call.when
+
+    def third_party_modules(self, tree: Path) -> dict[str, str]:
+        """Third-party modules that the tree's own loaded modules import directly: name -> 'dist version'.
+
+        Read from the import statements of every module of the tree that the session loaded, kept if the
+        module was actually imported; upstream's stubs (ray, sglang_router, transformers) show as 'stub'.
+        """
+        import ast
+
+        try:
+            from importlib.metadata import packages_distributions, version
+
+            dists = packages_distributions()
+        except Exception:  # noqa: BLE001
+            dists, version = {}, None
+        names: set[str] = set()
+        for mod in list(sys.modules.values()):
+            file = getattr(mod, "__file__", None)
+            if not file or not file.endswith(".py") or tree not in Path(file).resolve().parents:
+                continue
+            try:
+                parsed = ast.parse(Path(file).read_text(errors="replace"))
+            except (OSError, SyntaxError):
+                continue
+            for node in ast.walk(parsed):
+                if isinstance(node, ast.Import):
+                    names.update(a.name.split(".")[0] for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module.split(".")[0])
+        own = {"slime", "examples", "tests", "plugin_contracts", "slime_plugins", ALIAS_MODULE}
+        out = {}
+        for name in sorted(names):
+            if name in own or name in sys.stdlib_module_names or name.startswith("_") or name not in sys.modules:
+                continue
+            mod = sys.modules[name]
+            if getattr(mod, "__file__", None) is None and not hasattr(mod, "__path__"):
+                out[name] = "stub"
+                continue
+            dist = (dists.get(name) or [None])[0]
+            try:
+                out[name] = f"{dist} {version(dist)}" if dist and version else "?"
+            except Exception:  # noqa: BLE001
+                out[name] = dist or "?"
+        return out
+
+
+def cmd_pytest(ns, pytest_args: list[str]) -> int:
+    here = str(HERE)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    tree = Path.cwd().resolve()
+    result: dict = {"tree": str(tree), "tests": {}, "collect_errors": {}, "modules": {}}
+
+    import importlib.util
+
+    spec = importlib.util.find_spec("slime")
+    origin = Path(spec.origin).resolve() if spec and spec.origin else None
+    if origin is None or tree not in origin.parents:
+        result["fatal"] = f"'import slime' resolves to {origin}, not to the tree {tree}"
+        Path(ns.results).write_text(json.dumps(result, indent=1))
+        print(f"ERROR: {result['fatal']}", file=sys.stderr)
+        return 3
+    if ns.alias:
+        sys.modules[ALIAS_MODULE] = _UpstreamDefaultAlias(ALIAS_MODULE)
+
+    import pytest
+
+    rec = _Recorder()
+    rc = pytest.main(pytest_args, plugins=[rec])
+    result.update(rc=int(rc), tests=rec.tests, collect_errors=rec.collect_errors,
+                  modules=rec.third_party_modules(tree), slime=str(origin))
+    Path(ns.results).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# matrix
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str], pytest_args: list[str],
+                  alias: bool, timeout: int) -> dict:
+    env = _tree_env(tree, {ENV_PREFIX + k: v for k, v in env_vars.items()})
+    args = ["-p", "no:cacheprovider", "-rfE", "--tb=short", "--continue-on-collection-errors"]
+    if _has_module("pytest_timeout"):
+        args += ["--timeout", str(max(30, timeout // 2))]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_pytest", "--results", str(results)]
+    cmd += ["--alias"] if alias else []
+    cmd += ["--", *args, *pytest_args]
+    with open(log, "w") as fh:
+        fh.write("env: " + " ".join(f"{ENV_PREFIX}{k}={v}" for k, v in env_vars.items()) + "\n")
+        fh.write("cmd: " + " ".join(cmd) + f"\ncwd: {tree}\n\n")
+        fh.flush()
+        try:
+            proc = subprocess.run(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc != 0 or not results.exists():
+        data = json.loads(results.read_text()) if results.exists() else {}
+        reason = data.get("fatal") or f"pytest driver ended with {rc}; see {log}"
+        say(f"  ERROR running tests in {tree.name}/: {reason}")
+        say(_tail(log.read_text(errors="replace"), 25))
+        return {"fatal": reason, "tests": {}, "collect_errors": {}, "modules": {}}
+    return json.loads(results.read_text())
+
+
+def _result_for(data: dict, test_id: str) -> dict:
+    """A test's record; a test that never ran (its file failed to import, or the run crashed) is an error."""
+    if test_id in data.get("tests", {}):
+        return data["tests"][test_id]
+    file = test_id.split("::")[0]
+    for nodeid, err in data.get("collect_errors", {}).items():
+        if nodeid == file or file.startswith(nodeid.rstrip("/") + "/") or nodeid == "":
+            return {"outcome": "error", "stage": "collect", "exception": f"collection failed: {err}",
+                    "progress": [0], "where": f"importing {file}"}
+    reason = data.get("fatal") or "not collected"
+    return {"outcome": "error", "stage": "collect", "exception": reason, "progress": [0], "where": "-"}
+
+
+def _stopped_earlier(ours: dict, theirs: dict) -> bool:
+    """Did our run of the test stop at an earlier point of the test file than upstream's counterpart?"""
+    a, b = ours.get("progress") or [0], theirs.get("progress") or [0]
+    for x, y in zip(a, b):
+        if x != y:
+            return x < y
+    return False  # same point (or one path is a prefix of the other): not earlier
+
+
+def verdict(ours: dict, theirs: dict, has_hook: bool) -> str:
+    if ours["outcome"] == "passed":
+        return "PASS"
+    if ours["outcome"] == "skipped":
+        return "SKIP"
+    if theirs["outcome"] in ("passed", "skipped"):
+        return "FAIL-OURS"
+    if not has_hook:
+        return "FAIL-BOTH"
+    return "FAIL-OURS" if _stopped_earlier(ours, theirs) else "FAIL-SHARED"
+
+
+def _short(test_id: str) -> str:
+    file, _, name = test_id.partition("::")
+    stem = Path(file).stem
+    m = re.fullmatch(r"test_plugin_(\w+)_contracts", stem)
+    return f"contracts/{m.group(1)}::{name}" if m else f"{stem}::{name}"
+
+
+def _outcome_label(rec: dict) -> str:
+    return {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip"}.get(rec["outcome"], "?")
+
+
+def cmd_matrix(ns) -> int:
+    pristine, ported, work = Path(ns.pristine).resolve(), Path(ns.ported).resolve(), Path(ns.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    timeout = int(os.environ.get("VERIFY_PYTEST_TIMEOUT", "600"))
+    problems: list[str] = []
+
+    for rel in ["tests/plugin_contracts", "tests/test_sample.py", "tests/test_rollout_metrics.py"]:
+        a, b = pristine / rel, ported / rel
+        same = (tree_digest(a) == tree_digest(b)) if a.is_dir() else (a.read_bytes() == b.read_bytes())
+        if not same:
+            problems.append(f"port.py changed upstream's {rel}: the ported tree's tests are not upstream's")
+
+    main_hooks = [h for h in HOOKS if not h.extra_env]
+    ours_env = {h.env_key: h.ours for h in main_hooks}
+    theirs_env = {h.env_key: h.theirs for h in main_hooks}
+    say("contract hooks (SLIME_CONTRACT_*):")
+    for h in HOOKS:
+        extra = "".join(f" +{k}={v}" for k, v in h.extra_env)
+        say(f"  {h.env_key}{extra}\n      ours           {h.ours}\n      upstream's own {h.theirs_label}")
+    say("  unset on both trees (no hook of ours; those tests use upstream's reference hooks): "
+        + ", ".join(OTHER_CONTRACT_KEYS))
+
+    say("running upstream's CPU tests: ported tree with our hooks ...")
+    ours = _run_recorded(ported, work / "ours.json", work / "ours.log", ours_env, UPSTREAM_TESTS, False, timeout)
+    say("running upstream's CPU tests: pristine tree with upstream's own counterpart hooks ...")
+    theirs = _run_recorded(pristine, work / "theirs.json", work / "theirs.log", theirs_env, UPSTREAM_TESTS, True,
+                           timeout)
+    extra_runs = []
+    for i, h in enumerate(h for h in HOOKS if h.extra_env):
+        say(f"running {_short(h.test_id)}{h.suffix} on both trees ...")
+        o = _run_recorded(ported, work / f"ours{i}.json", work / f"ours{i}.log",
+                          {h.env_key: h.ours, **dict(h.extra_env)}, [h.test_id], False, timeout)
+        t = _run_recorded(pristine, work / f"theirs{i}.json", work / f"theirs{i}.log",
+                          {h.env_key: h.theirs, **dict(h.extra_env)}, [h.test_id], True, timeout)
+        extra_runs.append((h, o, t))
+
+    for data, where in ((ours, "ported"), (theirs, "pristine")):
+        for nodeid, err in data.get("collect_errors", {}).items():
+            say(f"  collection error on {where}/: {nodeid or '(session)'}: {err}")
+        if data.get("fatal"):
+            problems.append(f"the {where} run did not complete: {data['fatal']}")
+
+    hook_of = {h.test_id: h for h in main_hooks}
+    ids = list(theirs.get("tests", {}))
+    ids += [t for t in ours.get("tests", {}) if t not in ids]
+    for h in main_hooks:
+        if h.test_id not in ids:
+            problems.append(f"contract test {h.test_id} not found upstream (contract files changed?)")
+
+    rows = []  # (test label, hook key, ours rec, theirs rec, verdict, hook)
+    # A file that cannot be collected (in either tree) gets a row of its own: its tests are unknown there.
+    for nodeid in sorted(set(ours.get("collect_errors", {})) | set(theirs.get("collect_errors", {}))):
+        recs = []
+        for data in (ours, theirs):
+            err = data.get("collect_errors", {}).get(nodeid)
+            recs.append({"outcome": "passed"} if err is None else {
+                "outcome": "error", "exception": f"collection failed: {err}", "progress": [0],
+                "where": f"importing {nodeid or 'the tests'}"})
+        name = _short(nodeid + "::").rstrip(":") if nodeid.endswith(".py") else (nodeid or "(session)")
+        rows.append((f"{name} (collection)", "-", recs[0], recs[1], verdict(recs[0], recs[1], False), None))
+    for tid in ids:
+        h = hook_of.get(tid)
+        o, t = _result_for(ours, tid), _result_for(theirs, tid)
+        rows.append((_short(tid), h.env_key if h else "-", o, t, verdict(o, t, h is not None), h))
+    for h, o_data, t_data in extra_runs:
+        o, t = _result_for(o_data, h.test_id), _result_for(t_data, h.test_id)
+        key = h.env_key + "".join(f"+{k}" for k, _ in h.extra_env)
+        rows.append((_short(h.test_id) + h.suffix, key, o, t, verdict(o, t, True), h))
+
+    w_test = max([len("TEST")] + [len(r[0]) for r in rows])
+    w_hook = max([len("HOOK")] + [len(r[1]) for r in rows])
+    say("")
+    say("Upstream CPU tests and plugin contracts. OURS: ported tree, SLIME_CONTRACT_* = this contribution's "
+        "hooks. UPSTREAM'S OWN: pristine tree, the same test with upstream's counterpart hook (or no hook).")
+    header = f"{'TEST':<{w_test}}  {'HOOK':<{w_hook}}  {'OURS':<5}  {'UPSTREAM_OWN':<12}  VERDICT"
+    say(header)
+    say("-" * len(header))
+    for label, key, o, t, v, _h in rows:
+        say(f"{label:<{w_test}}  {key:<{w_hook}}  {_outcome_label(o):<5}  {_outcome_label(t):<12}  {v}")
+
+    say("PASS         passes on the ported tree (with our hook where the test has one)")
+    say("FAIL-SHARED  upstream's own counterpart fails it too, and ours gets at least as far into the test")
+    say("FAIL-OURS    upstream's own passes, or ours stops at an earlier point of the test: a real problem")
+    say("FAIL-BOTH    a test without a hook that fails on the pristine tree too (environment); still a failure")
+    details = [r for r in rows if r[4] != "PASS"]
+    if details:
+        say("")
+        say("Why:")
+    for label, key, o, t, v, h in details:
+        if h is None:  # a test without a hook: one line for each tree
+            say(f"  {v}  {label}")
+            for who, rec in (("ported  ", o), ("pristine", t)):
+                text = rec["outcome"] if rec["outcome"] in ("passed", "skipped") else (
+                    f"{rec.get('exception') or rec.get('error', '?')}  (at {rec.get('where', '?')})")
+                say(f"      {who} {text}")
+            continue
+        say(f"  {v}  {label}  [{key}]")
+        for who, name, rec in (("ours          ", h.ours, o), ("upstream's own", h.theirs_label, t)):
+            if rec["outcome"] in ("passed", "skipped"):
+                say(f"      {who} {name}: {rec['outcome']}")
+            else:
+                say(f"      {who} {name}: {rec.get('exception') or rec.get('error', '?')}")
+                say(f"      {'':14} stopped at {rec.get('where', '?')}")
+        if v == "FAIL-SHARED":
+            say(f"      expected: {h.expected}")
+        elif v == "FAIL-OURS" and t["outcome"] not in ("passed", "skipped"):
+            say("      ours stops at an earlier point of the test than upstream's own counterpart")
+
+    mods = theirs.get("modules") or {}
+    if mods:
+        say("")
+        say("third-party modules that upstream's code imported in these tests (pristine run): "
+            + ", ".join(f"{k} ({v})" for k, v in mods.items()))
+
+    counts = {k: sum(1 for r in rows if r[4] == k) for k in ("PASS", "SKIP", "FAIL-SHARED", "FAIL-OURS", "FAIL-BOTH")}
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("PASS", "FAIL-SHARED", "FAIL-OURS"))
+    for p in problems:
+        say(f"PROBLEM: {p}")
+    failed = counts["FAIL-OURS"] or counts["FAIL-BOTH"] or problems
+    say("")
+    say(f"contracts: {summary}" + (f"; {len(problems)} problem(s)" if problems else "")
+        + (" -> FAILED" if failed else " -> OK"))
+    if ns.summary:
+        Path(ns.summary).write_text(summary + (f", {len(problems)} problem(s)" if problems else "") + "\n")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pytest_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, pytest_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="contracts.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("copy-tree", help="copy an upstream tree")
+    s.add_argument("src")
+    s.add_argument("dst")
+    s = sub.add_parser("digest", help="sha256 of a tree")
+    s.add_argument("dir")
+    s = sub.add_parser("deps", help="make this Python able to run upstream's CPU tests")
+    s.add_argument("--tree", required=True, help="a pristine upstream tree")
+    s.add_argument("--no-install", action="store_true")
+    s = sub.add_parser("matrix", help="run upstream's CPU tests on both trees and classify")
+    s.add_argument("--pristine", required=True)
+    s.add_argument("--ported", required=True)
+    s.add_argument("--work", required=True, help="folder for logs and results")
+    s.add_argument("--summary", help="write the one-line counts here")
+    s = sub.add_parser("_pytest", help="internal: one recorded pytest session in the current directory")
+    s.add_argument("--results", required=True)
+    s.add_argument("--alias", action="store_true")
+    ns = p.parse_args(argv)
+    if ns.cmd == "_pytest":
+        return cmd_pytest(ns, pytest_args)
+    return {"copy-tree": cmd_copy_tree, "digest": cmd_digest, "deps": cmd_deps, "matrix": cmd_matrix}[ns.cmd](ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
