@@ -29,7 +29,7 @@ class TooManyFailures(RuntimeError):
 def trainable(sample) -> bool:
     if sample.status in (Status.FAILED, Status.ABORTED):
         return False
-    if getattr(sample, "remove_sample", False):  # upstream's flag: failed episodes, finished B2F replays
+    if sample.remove_sample:  # upstream's flag: failed episodes, finished B2F replays
         return False
     return sample.response_length > 0 and (sample.loss_mask is None or sum(sample.loss_mask) > 0)
 

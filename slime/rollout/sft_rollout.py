@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from slime.rollout import sglang_rollout
 from slime.rollout.expert_sft import build_expert_sample
-from slime.rollout.sglang_rollout import get_tokenizer
+from slime.rollout.multi_turn import get_tokenizer
 from slime.utils.misc import load_function
 
 

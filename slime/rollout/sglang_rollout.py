@@ -13,6 +13,9 @@ import asyncio
 import logging
 import time
 
+# The tokenizer cache and engine routing live with the agent loop (the slime contribution, which cannot
+# import this runtime module); single-turn generation here shares them.
+from slime.rollout.multi_turn import engine_url, get_tokenizer, output_log_probs
 from slime.rollout.rewards import assign_rewards
 from slime.utils.http_utils import post
 from slime.utils.misc import load_function
@@ -20,31 +23,8 @@ from slime.utils.types import Sample, Status
 
 logger = logging.getLogger(__name__)
 
-_TOKENIZERS: dict[str, object] = {}
 # Phase timings of the last rollout call (generation vs. reward/teacher scoring), read by the manager.
 LAST_TIMINGS: dict[str, float] = {}
-
-
-def get_tokenizer(args):
-    """The policy tokenizer, loaded once per process."""
-    path = args.hf_checkpoint
-    if path not in _TOKENIZERS:
-        from transformers import AutoTokenizer
-
-        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
-    return _TOKENIZERS[path]
-
-
-def engine_url(args, sample: Sample | None = None, endpoint: str = "generate") -> str:
-    """URL of the engine for ``sample``: slime's router if given, else our engines round robin."""
-    if getattr(args, "sglang_router_ip", None):
-        return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/{endpoint}"
-    urls = getattr(args, "rollout_engine_urls", None)
-    if not urls:
-        raise RuntimeError("no rollout engine: set --sglang-router-ip/--sglang-router-port or start engines "
-                           "through the RolloutManager")
-    index = (sample.index or 0) if sample is not None else 0
-    return f"{urls[index % len(urls)]}/{endpoint}"
 
 
 def sampling_seed(args, sample: Sample, evaluation: bool, salt: int = 0) -> int:
@@ -72,13 +52,6 @@ def build_sampling_params(args, evaluation: bool = False) -> dict:
     return params
 
 
-def parse_output_logprobs(meta_info: dict) -> list[float]:
-    entries = meta_info.get("output_token_logprobs")
-    if entries is None:
-        raise RuntimeError("engine response has no meta_info.output_token_logprobs (was return_logprob sent?)")
-    return [float(entry[0]) for entry in entries]
-
-
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     """Single-turn: one completion of ``sample.prompt``; response tokens are trainable."""
     tokenizer = get_tokenizer(args)
@@ -96,7 +69,7 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     sample.append_response_tokens(
         args,
         tokens=output["output_ids"],
-        log_probs=parse_output_logprobs(output["meta_info"]),
+        log_probs=output_log_probs(output["meta_info"]),
         trainable=True,
         meta_info=output["meta_info"],
         text=output["text"],

@@ -38,43 +38,42 @@ with ``port.py`` applied), and calls this driver for the parts that are easier i
     exception and how far into the test file it got, as JSON.
 
 Nothing here modifies the trees it is given except through the tests themselves (caches, ``__pycache__``).
+The pieces live next to this file: ``verify_trees.py`` (copy, checksum, test environment),
+``verify_deps.py`` (the ``deps`` step) and ``verify_recorder.py`` (the ``_pytest`` step); this file holds
+the hook table, the matrix and the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
-import shutil
-import stat
 import subprocess
 import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+try:
+    from .verify_deps import ensure_deps, has_module
+    from .verify_recorder import ALIAS_MODULE, UPSTREAM_DEFAULT_ROLLOUT, run_session
+    from .verify_trees import ENV_PREFIX, UPSTREAM_TESTS, copy_tree, say, tail, tree_digest, tree_env
+except ImportError:  # run as a script from this folder
+    from verify_deps import ensure_deps, has_module
+    from verify_recorder import ALIAS_MODULE, UPSTREAM_DEFAULT_ROLLOUT, run_session
+    from verify_trees import ENV_PREFIX, UPSTREAM_TESTS, copy_tree, say, tail, tree_digest, tree_env
+
 
 # ---------------------------------------------------------------------------------------------------------
 # What is run, and which hook each contract test exercises.
 # ---------------------------------------------------------------------------------------------------------
 
-UPSTREAM_TESTS = ["tests/test_sample.py", "tests/test_rollout_metrics.py", "tests/plugin_contracts"]
 
 GENERATE = "tests/plugin_contracts/test_plugin_generate_contracts.py"
 ROLLOUT = "tests/plugin_contracts/test_plugin_rollout_contracts.py"
 PATH_LOADING = "tests/plugin_contracts/test_plugin_path_loading_contracts.py"
 RUNTIME_HOOK = "tests/plugin_contracts/test_plugin_runtime_hook_contracts.py"
 
-ENV_PREFIX = "SLIME_CONTRACT_"
-
-# The rollout and eval contracts skip their checks when the path is upstream's default
-# ("slime.rollout.sglang_rollout.generate_rollout"). Upstream's own counterpart is that very function, so
-# on the pristine tree it is handed to the test under this alias: the same object, another name.
-ALIAS_MODULE = "tcod_verify_upstream_default"
-UPSTREAM_DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
 
 OPD_RM = "slime.rollout.on_policy_distillation.reward_func"
 OPD_POST = "slime.rollout.on_policy_distillation.post_process_rewards"
@@ -158,376 +157,6 @@ OTHER_CONTRACT_KEYS = ("DYNAMIC_SAMPLING_FILTER_PATH", "BUFFER_FILTER_PATH", "DA
                        "CUSTOM_ROLLOUT_LOG_FUNCTION_PATH", "CUSTOM_EVAL_ROLLOUT_LOG_FUNCTION_PATH",
                        "CUSTOM_CONVERT_SAMPLES_TO_TRAIN_DATA_PATH", "ROLLOUT_DATA_POSTPROCESS_PATH")
 
-# Modules never installed by this harness (GPU stack or stubbed by upstream's tests), and pip names of
-# import names that differ.
-NEVER_INSTALL = {"ray", "sglang", "sglang_router", "torch", "megatron", "transformer_engine", "flash_attn",
-                 "apex", "vllm", "deep_ep", "deep_gemm", "triton", "slime", "examples", "tests",
-                 "plugin_contracts"}
-PIP_NAME = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf", "git": "gitpython",
-            "sentry_sdk": "sentry-sdk", "dateutil": "python-dateutil", "attr": "attrs",
-            "sklearn": "scikit-learn", "cv2": "opencv-python-headless"}
-
-# Installed when missing besides what the tree's requirements.txt lists (imported by upstream's code, but
-# brought in there by sglang).
-ALSO_INSTALLABLE = {"pytest", "numpy", "pybase64", "pyyaml", "tqdm", "httpx", "aiohttp", "pillow"}
-
-# Modules imported by the counterpart hooks (loaded only while a test runs, so collection misses them).
-COUNTERPART_MODULES = ["examples.geo3k_vlm_multi_turn.rollout", "slime.rollout.on_policy_distillation",
-                       "slime.rollout.sglang_rollout"]
-
-EXCLUDED_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", "venv", ".mypy_cache", ".ruff_cache"}
-
-
-def _skip_dir(name: str) -> bool:
-    """Folders left out of plain-tree copies and of checksums: VCS, caches, virtualenvs, build metadata."""
-    return name in EXCLUDED_DIRS or name.endswith(".egg-info")
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# copy-tree and digest
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _is_git_toplevel(path: Path) -> bool:
-    try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return False
-    return Path(out).resolve() == path.resolve()
-
-
-def _tree_files(root: Path) -> list[str]:
-    """Relative paths of the files that make up the tree."""
-    if _is_git_toplevel(root):
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
-                             capture_output=True, check=True).stdout
-        names = sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
-        return [n for n in names if os.path.lexists(root / n)]  # tracked files deleted in the work tree
-    names = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
-        rel = os.path.relpath(dirpath, root)
-        for f in sorted(filenames):
-            if not f.endswith(".pyc"):
-                names.append(os.path.normpath(os.path.join(rel, f)))
-    return names
-
-
-def cmd_copy_tree(ns) -> int:
-    src, dst = Path(ns.src).resolve(), Path(ns.dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for rel in _tree_files(src):
-        s, d = src / rel, dst / rel
-        d.parent.mkdir(parents=True, exist_ok=True)
-        if s.is_symlink():
-            os.symlink(os.readlink(s), d)
-        elif s.is_dir():  # a submodule: copy its files
-            shutil.copytree(s, d, symlinks=True, ignore=shutil.ignore_patterns(*EXCLUDED_DIRS))
-        else:
-            shutil.copy2(s, d)
-        n += 1
-    say(f"copied {n} entries of {src} to {dst}")
-    return 0
-
-
-def tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
-        for f in sorted(filenames):
-            if f.endswith(".pyc"):
-                continue
-            p = Path(dirpath, f)
-            rel = os.path.relpath(p, root)
-            st = os.lstat(p)
-            h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
-            if stat.S_ISLNK(st.st_mode):
-                h.update(b"L" + os.readlink(p).encode() + b"\0")
-            else:
-                h.update(b"X" if st.st_mode & stat.S_IXUSR else b"F")
-                h.update(hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
-
-
-def cmd_digest(ns) -> int:
-    print(tree_digest(Path(ns.dir)))
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------------------
-# deps
-# ---------------------------------------------------------------------------------------------------------
-
-_MISSING_RE = re.compile(r"No module named '([^']+)'")
-
-_PROBE = """
-import importlib, sys
-sys.path[:0] = ["tests", "."]
-from plugin_contracts._shared import install_stubs
-install_stubs(with_sglang_router=True, with_transformers=True)
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except ImportError as err:
-        print(f"probe {name}: {type(err).__name__}: {err}")
-"""
-
-
-def _tree_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for running a tree's tests: the tree first on sys.path, no stray contract vars."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    env["PYTHONPATH"] = str(tree)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def _probe_missing(tree: Path) -> tuple[set[str], str]:
-    """Import names that upstream's CPU tests (and the counterpart hooks) cannot find on this Python.
-
-    The tests are run, not only collected: some modules are imported inside the functions they test."""
-    env = _tree_env(tree)
-    runs = [
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", "-rfE",
-         "--continue-on-collection-errors", *UPSTREAM_TESTS],
-        [sys.executable, "-c", _PROBE, *COUNTERPART_MODULES],
-    ]
-    missing, text = set(), ""
-    for cmd in runs:
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
-        out = proc.stdout + proc.stderr
-        text += out
-        missing |= {m.split(".")[0] for m in _MISSING_RE.findall(out)}
-    return missing, text
-
-
-def _norm(pip_name: str) -> str:
-    return re.sub(r"[-_.]+", "-", pip_name).lower()
-
-
-def _installable(tree: Path) -> set[str]:
-    """Pip names this harness may install: the tree's requirements.txt (less what it never installs) and a few."""
-    names = set(ALSO_INSTALLABLE)
-    req = tree / "requirements.txt"
-    if req.is_file():
-        for line in req.read_text().splitlines():
-            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#")[0])
-            if m:
-                names.add(m.group(1))
-    return {_norm(n) for n in names} - {_norm(n) for n in NEVER_INSTALL} - {"sglang-router"}
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
-
-
-def cmd_deps(ns) -> int:
-    tree = Path(ns.tree).resolve()
-    no_install = ns.no_install or os.environ.get("VERIFY_NO_INSTALL") == "1"
-    installed: list[str] = []
-
-    def install(pkgs: list[str]) -> bool:
-        if no_install:
-            say(f"[deps] missing, not installing (VERIFY_NO_INSTALL=1): {' '.join(pkgs)}")
-            return False
-        if not _has_module("pip"):
-            say(f"[deps] ERROR: {sys.executable} has no pip; install these yourself: {' '.join(pkgs)}")
-            return False
-        say(f"[deps] installing into {sys.executable} (missing, needed by upstream's CPU tests): {' '.join(pkgs)}")
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               *pkgs], capture_output=True, text=True)
-        noise = ("WARNING: Location", "ignored: it is neither")
-        for line in (proc.stdout + proc.stderr).splitlines():
-            if line.strip() and not any(n in line for n in noise):
-                say(f"[deps]   pip: {line}")
-        if proc.returncode != 0:
-            say(f"[deps] ERROR: pip install {' '.join(pkgs)} failed (exit {proc.returncode})")
-            return False
-        installed.extend(pkgs)
-        return True
-
-    if not _has_module("pytest") and not install(["pytest"]):
-        return 1
-    allowed = _installable(tree)
-    refused: list[str] = []
-    for _round in range(10):
-        missing, text = _probe_missing(tree)
-        wanted = sorted(PIP_NAME.get(m, m) for m in missing if _norm(PIP_NAME.get(m, m)) in allowed)
-        refused = sorted(m for m in missing if _norm(PIP_NAME.get(m, m)) not in allowed)
-        if not wanted:
-            break
-        if not install(wanted):
-            return 1
-    else:
-        say("[deps] ERROR: still missing modules after 10 install rounds:")
-        say(_tail(text, 40))
-        return 1
-    if refused:
-        say(f"[deps] ERROR: upstream's CPU tests cannot import {', '.join(refused)} with {sys.executable}. "
-            "This harness installs only packages named in the tree's requirements.txt (never ray, sglang, "
-            "sglang_router, torch) and a few it knows; install what is missing yourself or use another "
-            "PYTHON. The tests that need it fail on both trees. Output of the pristine run:")
-        say(_tail(text, 30))
-        return 1
-    if installed:
-        say(f"[deps] installed into {sys.executable}: {' '.join(installed)}")
-    else:
-        say(f"[deps] upstream's CPU tests import fine with {sys.executable} (nothing installed)")
-    return 0
-
-
-def _tail(text: str, n: int) -> str:
-    return "\n".join("    " + line for line in text.splitlines()[-n:])
-
-
-# ---------------------------------------------------------------------------------------------------------
-# _pytest: one recorded pytest session (runs inside a tree, in its own process)
-# ---------------------------------------------------------------------------------------------------------
-
-_STAGE_RANK = {"collect": 0, "setup": 1, "call": 2, "teardown": 3}
-
-
-class _UpstreamDefaultAlias(types.ModuleType):
-    """``tcod_verify_upstream_default.generate_rollout`` is upstream's default rollout function."""
-
-    def __getattr__(self, name):
-        if name == "generate_rollout":
-            from slime.rollout.sglang_rollout import generate_rollout
-
-            return generate_rollout
-        raise AttributeError(name)
-
-
-def _first_line(text: str, limit: int = 240) -> str:
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-class _Recorder:
-    """pytest plugin: each test's outcome, and for a failure the exception and the path through the test file."""
-
-    def __init__(self):
-        self.tests: dict[str, dict] = {}
-        self.collect_errors: dict[str, str] = {}
-
-    def pytest_collectreport(self, report):
-        if report.failed:
-            text = report.longreprtext
-            errs = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
-            self.collect_errors[report.nodeid] = errs[-1] if errs else _first_line(text)
-
-    def pytest_runtest_logreport(self, report):
-        rec = self.tests.setdefault(report.nodeid, {"outcome": "passed"})
-        if report.failed and rec["outcome"] in ("passed", "skipped"):
-            rec["outcome"] = "failed" if report.when == "call" else "error"
-            rec["stage"] = report.when
-            rec.setdefault("error", _first_line(report.longreprtext))
-        elif report.skipped and rec["outcome"] == "passed":
-            rec["outcome"] = "skipped"
-            rec["error"] = _first_line(str(report.longrepr))
-
-    def pytest_exception_interact(self, node, call, report):
-        excinfo = call.excinfo
-        nodeid = getattr(node, "nodeid", None)
-        if excinfo is None or nodeid is None or not hasattr(node, "runtest"):
-            return
-        rec = self.tests.setdefault(nodeid, {"outcome": "passed"})
-        if "exception" in rec:
-            return
-        test_file = str(node.path)
-        path, stmt = [_STAGE_RANK.get(call.when, 2)], ""
-        for entry in excinfo.traceback:
-            if str(entry.path) == test_file:
-                path.append(entry.lineno + 1)
-                try:
-                    stmt = str(entry.statement).strip().splitlines()[0]
-                except Exception:  # noqa: BLE001 - source may be unavailable
-                    stmt = ""
-        rec["exception"] = f"{excinfo.typename}: {_first_line(excinfo.value)}"
-        rec["progress"] = path
-        rec["where"] = f"line {path[-1]}: {stmt}" if len(path) > 1 else call.when
-
-    def third_party_modules(self, tree: Path) -> dict[str, str]:
-        """Third-party modules that the tree's own loaded modules import directly: name -> 'dist version'.
-
-        Read from the import statements of every module of the tree that the session loaded, kept if the
-        module was actually imported; upstream's stubs (ray, sglang_router, transformers) show as 'stub'.
-        """
-        import ast
-
-        try:
-            from importlib.metadata import packages_distributions, version
-
-            dists = packages_distributions()
-        except Exception:  # noqa: BLE001
-            dists, version = {}, None
-        names: set[str] = set()
-        for mod in list(sys.modules.values()):
-            file = getattr(mod, "__file__", None)
-            if not file or not file.endswith(".py") or tree not in Path(file).resolve().parents:
-                continue
-            try:
-                parsed = ast.parse(Path(file).read_text(errors="replace"))
-            except (OSError, SyntaxError):
-                continue
-            for node in ast.walk(parsed):
-                if isinstance(node, ast.Import):
-                    names.update(a.name.split(".")[0] for a in node.names)
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names.add(node.module.split(".")[0])
-        own = {"slime", "examples", "tests", "plugin_contracts", "slime_plugins", ALIAS_MODULE}
-        out = {}
-        for name in sorted(names):
-            if name in own or name in sys.stdlib_module_names or name.startswith("_") or name not in sys.modules:
-                continue
-            mod = sys.modules[name]
-            if getattr(mod, "__file__", None) is None and not hasattr(mod, "__path__"):
-                out[name] = "stub"
-                continue
-            dist = (dists.get(name) or [None])[0]
-            try:
-                out[name] = f"{dist} {version(dist)}" if dist and version else "?"
-            except Exception:  # noqa: BLE001
-                out[name] = dist or "?"
-        return out
-
-
-def cmd_pytest(ns, pytest_args: list[str]) -> int:
-    here = str(HERE)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    tree = Path.cwd().resolve()
-    result: dict = {"tree": str(tree), "tests": {}, "collect_errors": {}, "modules": {}}
-
-    import importlib.util
-
-    spec = importlib.util.find_spec("slime")
-    origin = Path(spec.origin).resolve() if spec and spec.origin else None
-    if origin is None or tree not in origin.parents:
-        result["fatal"] = f"'import slime' resolves to {origin}, not to the tree {tree}"
-        Path(ns.results).write_text(json.dumps(result, indent=1))
-        print(f"ERROR: {result['fatal']}", file=sys.stderr)
-        return 3
-    if ns.alias:
-        sys.modules[ALIAS_MODULE] = _UpstreamDefaultAlias(ALIAS_MODULE)
-
-    import pytest
-
-    rec = _Recorder()
-    rc = pytest.main(pytest_args, plugins=[rec])
-    result.update(rc=int(rc), tests=rec.tests, collect_errors=rec.collect_errors,
-                  modules=rec.third_party_modules(tree), slime=str(origin))
-    Path(ns.results).write_text(json.dumps(result, indent=1))
-    return 0
-
 
 # ---------------------------------------------------------------------------------------------------------
 # matrix
@@ -536,9 +165,9 @@ def cmd_pytest(ns, pytest_args: list[str]) -> int:
 
 def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str], pytest_args: list[str],
                   alias: bool, timeout: int) -> dict:
-    env = _tree_env(tree, {ENV_PREFIX + k: v for k, v in env_vars.items()})
+    env = tree_env(tree, {ENV_PREFIX + k: v for k, v in env_vars.items()})
     args = ["-p", "no:cacheprovider", "-rfE", "--tb=short", "--continue-on-collection-errors"]
-    if _has_module("pytest_timeout"):
+    if has_module("pytest_timeout"):
         args += ["--timeout", str(max(30, timeout // 2))]
     cmd = [sys.executable, str(Path(__file__).resolve()), "_pytest", "--results", str(results)]
     cmd += ["--alias"] if alias else []
@@ -556,7 +185,7 @@ def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str]
         data = json.loads(results.read_text()) if results.exists() else {}
         reason = data.get("fatal") or f"pytest driver ended with {rc}; see {log}"
         say(f"  ERROR running tests in {tree.name}/: {reason}")
-        say(_tail(log.read_text(errors="replace"), 25))
+        say(tail(log.read_text(errors="replace"), 25))
         return {"fatal": reason, "tests": {}, "collect_errors": {}, "modules": {}}
     return json.loads(results.read_text())
 
@@ -762,8 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--alias", action="store_true")
     ns = p.parse_args(argv)
     if ns.cmd == "_pytest":
-        return cmd_pytest(ns, pytest_args)
-    return {"copy-tree": cmd_copy_tree, "digest": cmd_digest, "deps": cmd_deps, "matrix": cmd_matrix}[ns.cmd](ns)
+        return run_session(Path(ns.results), ns.alias, pytest_args)
+    if ns.cmd == "copy-tree":
+        src = Path(ns.src).resolve()
+        say(f"copied {copy_tree(src, Path(ns.dst))} entries of {src} to {ns.dst}")
+        return 0
+    if ns.cmd == "digest":
+        print(tree_digest(Path(ns.dir)))
+        return 0
+    if ns.cmd == "deps":
+        return ensure_deps(Path(ns.tree), ns.no_install or os.environ.get("VERIFY_NO_INSTALL") == "1")
+    return cmd_matrix(ns)
 
 
 if __name__ == "__main__":

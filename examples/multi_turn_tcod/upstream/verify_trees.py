@@ -1,0 +1,106 @@
+"""The trees ``verify.sh`` works on: copying an upstream checkout, checksumming it, and the environment
+its tests run in (the tree first on ``sys.path``, no stray ``SLIME_CONTRACT_*`` variables).
+
+Part of the upstream proof harness; ``contracts.py`` is its command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+ENV_PREFIX = "SLIME_CONTRACT_"
+# Upstream's CPU tests this harness runs (relative to a tree).
+UPSTREAM_TESTS = ["tests/test_sample.py", "tests/test_rollout_metrics.py", "tests/plugin_contracts"]
+EXCLUDED_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", "venv", ".mypy_cache", ".ruff_cache"}
+
+
+def _skip_dir(name: str) -> bool:
+    """Folders left out of plain-tree copies and of checksums: VCS, caches, virtualenvs, build metadata."""
+    return name in EXCLUDED_DIRS or name.endswith(".egg-info")
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+
+def tail(text: str, n: int) -> str:
+    return "\n".join("    " + line for line in text.splitlines()[-n:])
+
+
+
+def _is_git_toplevel(path: Path) -> bool:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return Path(out).resolve() == path.resolve()
+
+
+def _tree_files(root: Path) -> list[str]:
+    """Relative paths of the files that make up the tree."""
+    if _is_git_toplevel(root):
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
+                             capture_output=True, check=True).stdout
+        names = sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
+        return [n for n in names if os.path.lexists(root / n)]  # tracked files deleted in the work tree
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
+        rel = os.path.relpath(dirpath, root)
+        for f in sorted(filenames):
+            if not f.endswith(".pyc"):
+                names.append(os.path.normpath(os.path.join(rel, f)))
+    return names
+
+
+
+def copy_tree(src: Path, dst: Path) -> int:
+    """Copy the files that make up ``src`` into ``dst``; returns how many entries were copied."""
+    dst.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for rel in _tree_files(src):
+        s, d = src / rel, dst / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        if s.is_symlink():
+            os.symlink(os.readlink(s), d)
+        elif s.is_dir():  # a submodule: copy its files
+            shutil.copytree(s, d, symlinks=True, ignore=shutil.ignore_patterns(*EXCLUDED_DIRS))
+        else:
+            shutil.copy2(s, d)
+        n += 1
+    return n
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
+        for f in sorted(filenames):
+            if f.endswith(".pyc"):
+                continue
+            p = Path(dirpath, f)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
+            if stat.S_ISLNK(st.st_mode):
+                h.update(b"L" + os.readlink(p).encode() + b"\0")
+            else:
+                h.update(b"X" if st.st_mode & stat.S_IXUSR else b"F")
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def tree_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for running a tree's tests: the tree first on sys.path, no stray contract vars."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env["PYTHONPATH"] = str(tree)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra or {})
+    return env
