@@ -126,7 +126,7 @@ def main(argv=None) -> int:
             t_sync = time.perf_counter() - t0
 
             metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
-                       **{k: v for k, v in train_stats.items() if k != "per_sample_opd_kl"}, **kl_stats,
+                       **{k: v for k, v in train_stats.items() if not k.startswith("per_sample_")}, **kl_stats,
                        "kl_ctrl/coef_used": coef_used}
             if eval_due:
                 metrics.update(rollout_manager.evaluate(rollout_id))

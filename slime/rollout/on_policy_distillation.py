@@ -20,6 +20,9 @@ scale input-token log-probs by it, so the teacher is scored at temperature 1 eit
   "teacher" log-probs are their own rollout log-probs, so they add no KL anywhere.
 * Requests go through slime's ``http_utils.post`` with a bounded number of attempts
   (``OPD_RETRY_MAX``, default 3), so a dead teacher ends the step with an error naming it.
+* With ``--opd-teacher-top-k K`` (this runtime's flag; absent upstream, so off there) the request
+  also asks for the teacher's top-K log-probs at every position (SGLang's ``top_logprobs_num``) and
+  they are kept in ``metadata["teacher_topk"]`` for the exact-KL diagnostic and ``--opd-loss full``.
 * ``post_process_rewards`` returns the task reward each sample carried before the teacher ran
   (``metadata["task_reward"]``, set by the agent loop), else 0.0: with pure OPD they are all zero.
   The teacher term itself enters the advantages in the trainer (``apply_opd_kl_to_advantages``).
@@ -40,9 +43,13 @@ logger = logging.getLogger(__name__)
 TEACHER_MAX_RETRIES = int(os.environ.get("OPD_RETRY_MAX", "3"))
 
 
+def teacher_top_k(args) -> int:
+    return int(getattr(args, "opd_teacher_top_k", 0) or 0)
+
+
 def teacher_payload(args, sample: Sample) -> dict:
     """Upstream slime's teacher request: score every token of the sequence, generate nothing."""
-    return {
+    payload = {
         "input_ids": list(sample.tokens),
         "sampling_params": {
             "temperature": args.rollout_temperature,
@@ -52,6 +59,9 @@ def teacher_payload(args, sample: Sample) -> dict:
         "return_logprob": True,
         "logprob_start_len": 0,
     }
+    if teacher_top_k(args):
+        payload["top_logprobs_num"] = teacher_top_k(args)
+    return payload
 
 
 def _rm_url(args) -> str:
@@ -117,6 +127,22 @@ def extract_teacher_log_probs(reply: dict, response_length: int) -> list[float]:
     return [float(v) for v in values]
 
 
+def extract_teacher_top_logprobs(reply: dict, response_length: int, k: int) -> dict:
+    """The teacher's top-``k`` ``{"ids": [[...]], "logprobs": [[...]]}`` for the last ``response_length`` positions."""
+    entries = (reply["meta_info"].get("input_top_logprobs") or [])[1:]  # entry 0: the first token, None
+    if response_length > len(entries):
+        raise ValueError(f"teacher returned top log-probs for {len(entries)} positions, the response has "
+                         f"{response_length} (does the server support top_logprobs_num?)")
+    ids, logprobs = [], []
+    for entry in entries[len(entries) - response_length:] if response_length else []:
+        if not entry or len(entry) < k:
+            raise ValueError(f"teacher returned {len(entry or [])} top log-probs at a response position, "
+                             f"{k} were asked (--opd-teacher-top-k above the vocabulary size?)")
+        ids.append([int(e[1]) for e in entry[:k]])
+        logprobs.append([float(e[0]) for e in entry[:k]])
+    return {"ids": ids, "logprobs": logprobs}
+
+
 def post_process_rewards(args, samples, **kwargs):
     """Store ``teacher_log_probs`` on every sample and return ``(raw_rewards, rewards)``.
 
@@ -132,6 +158,10 @@ def post_process_rewards(args, samples, **kwargs):
                 else [0.0] * s.response_length
         elif isinstance(reply, dict) and "meta_info" in reply:
             s.teacher_log_probs = extract_teacher_log_probs(reply, s.response_length)
+            if teacher_top_k(args):
+                s.metadata = dict(s.metadata or {})
+                s.metadata["teacher_topk"] = extract_teacher_top_logprobs(reply, s.response_length,
+                                                                          teacher_top_k(args))
         elif s.teacher_log_probs is None or len(s.teacher_log_probs) != s.response_length:
             raise ValueError(f"sample {s.index}: sample.reward holds no teacher reply ({type(reply).__name__}); "
                              "was --custom-rm-path slime.rollout.on_policy_distillation.reward_func run?")

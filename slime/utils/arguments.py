@@ -156,6 +156,15 @@ def add_on_policy_distillation_arguments(parser):
     g.add_argument("--opd-teacher-load", type=str, default=None,
                    help="in-trainer teacher checkpoint (HF folder on the fsdp backend)")
     g.add_argument("--opd-teacher-ckpt-step", type=int, default=None)
+    # This runtime's additions (upstream slime has only the sampled term).
+    g.add_argument("--opd-loss", choices=("sampled", "full"), default="sampled",
+                   help="sampled: slime's per-token term student - teacher in the advantages (default); full: "
+                        "the whole-vocabulary reverse KL at every trained position as a loss term (in-trainer "
+                        "teacher), or its top-k form (server teacher, see --opd-teacher-top-k)")
+    g.add_argument("--opd-teacher-top-k", type=int, default=None,
+                   help="server teacher: ask for its top-K log-probs per position (SGLang top_logprobs_num) "
+                        "for the opd/topk_kl diagnostic and --opd-loss full (default 20 with --opd-loss full, "
+                        "else 0 = not asked)")
     return parser
 
 
@@ -227,6 +236,9 @@ def _validate_opd(args):
     if args.opd_teacher_load is not None and not args.use_opd:
         _fail("--opd-teacher-load is set but --use-opd is not: add --use-opd or drop --opd-teacher-load")
     if not args.use_opd:
+        if args.opd_loss != "sampled" or args.opd_teacher_top_k:
+            _fail("--opd-loss / --opd-teacher-top-k need --use-opd")
+        args.opd_teacher_top_k = 0
         return
     if args.opd_type is None:
         _fail("--use-opd needs --opd-type: 'sglang' (teacher server at --rm-url) or 'megatron' (in-trainer teacher)")
@@ -247,6 +259,19 @@ def _validate_opd(args):
             )
     if args.opd_kl_coef < 0:
         _fail("--opd-kl-coef must be >= 0")
+    _validate_opd_loss(args)
+
+
+def _validate_opd_loss(args):
+    if args.opd_teacher_top_k is not None and args.opd_teacher_top_k < 0:
+        _fail(f"--opd-teacher-top-k must be >= 0, got {args.opd_teacher_top_k}")
+    if args.opd_type == "megatron" and args.opd_teacher_top_k:
+        _fail("--opd-teacher-top-k is for a server teacher (--opd-type sglang); the in-trainer teacher gives "
+              "whole distributions")
+    if args.opd_teacher_top_k is None:
+        args.opd_teacher_top_k = 20 if args.opd_loss == "full" and args.opd_type == "sglang" else 0
+    if args.opd_loss == "full" and args.opd_type == "sglang" and args.opd_teacher_top_k == 0:
+        _fail("--opd-loss full with a server teacher needs its top-k log-probs: --opd-teacher-top-k K > 0")
 
 
 def _validate_tcod(args):

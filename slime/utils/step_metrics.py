@@ -107,4 +107,9 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         out["opd/trajectory_kl_std"] = _std(trajectory)
         if turns:
             out["opd/per_turn_kl"] = turns
+    exact_lists = train_stats.get("per_sample_opd_exact_kl")
+    if exact_lists:
+        # The whole-distribution KL summed over each trajectory's trained positions, like the sampled one.
+        _, trajectory = per_turn_kl(samples, exact_lists)
+        out["opd/trajectory_exact_kl_mean"] = _mean(trajectory)
     return out

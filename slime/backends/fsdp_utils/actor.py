@@ -25,6 +25,7 @@ import torch.distributed as dist
 from slime.backends.fsdp_utils import checkpoint, data_plan, forward, losses, model_io
 from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, token_mean_and_seq_sum
 from slime.backends.fsdp_utils.gather import all_gather_per_sample, sum_across_ranks
+from slime.utils import opd_kl
 from slime.utils.types import Sample
 
 
@@ -55,6 +56,8 @@ class FSDPActor:
         self.model = model_io.shard(policy, self.mesh, model_io.decoder_layers(policy))
         self.optimizer = _adamw(self.model.parameters(), args, args.lr)
         self.optimizer_steps = 0
+        # --opd-loss full: the whole-distribution reverse KL is a loss term instead of slime's sampled reward.
+        self.full_opd = not self.sft and args.use_opd and getattr(args, "opd_loss", "sampled") == "full"
 
         self.ref = None
         if not self.sft and needs_reference(args):
@@ -116,9 +119,41 @@ class FSDPActor:
             out.extend(t.cpu() for t in self._log_probs(model, samples[start:start + mbs])[0])
         return out
 
+    def _exact_kl_source(self) -> str | None:
+        """Where the whole-distribution OPD KL comes from: the in-trainer teacher, the server's top-k, none."""
+        if self.sft or not self.args.use_opd:
+            return None
+        if self.teacher is not None:
+            return "full"
+        return "topk" if getattr(self.args, "opd_teacher_top_k", 0) else None
+
+    def _opd_kl(self, student_rows, batch, teacher_rows) -> list[torch.Tensor]:
+        """Per-position reverse KL(student || teacher) over whole distributions (see ``slime.utils.opd_kl``)."""
+        if teacher_rows is not None:
+            return [opd_kl.full_reverse_kl(s, t) for s, t in zip(student_rows, teacher_rows)]
+        out = []
+        for rows, sample in zip(student_rows, batch):
+            topk = (sample.metadata or {}).get("teacher_topk")
+            if topk is None or len(topk["ids"]) != sample.response_length:
+                if sample.loss_mask is not None and not any(sample.loss_mask):
+                    out.append(torch.zeros(sample.response_length, device=rows.device))  # nothing trained here
+                    continue
+                raise ValueError(f"sample {sample.index}: no teacher top-k log-probs of response length "
+                                 f"{sample.response_length} (--opd-teacher-top-k needs the teacher server's "
+                                 "top_logprobs_num and on_policy_distillation.post_process_rewards)")
+            out.append(opd_kl.topk_reverse_kl(rows, torch.tensor(topk["ids"]), torch.tensor(topk["logprobs"])))
+        return out
+
+    def _teacher_rows(self, batch):
+        if self.teacher is None:
+            return None
+        with torch.no_grad():
+            return forward.response_log_softmax(self.teacher, batch, temperature=self.args.rollout_temperature,
+                                                pad_token_id=self.pad_token_id, device=self.device)
+
     @torch.no_grad()
     def _score_rollout(self, samples, owners, n_steps) -> dict[str, list[torch.Tensor]]:
-        """Old-policy, reference, teacher log-probs and critic values for the whole batch (gathered)."""
+        """Old-policy, reference, teacher log-probs, critic values and the exact OPD KL (gathered)."""
         args = self.args
         models = {}
         if not args.use_rollout_logprobs:
@@ -129,23 +164,35 @@ class FSDPActor:
             models["teacher"] = self.teacher
         if self.critic is not None:
             models["values"] = self.critic
+        exact = self._exact_kl_source()
+        fields = list(models) + (["exact_kl"] if exact else [])
         self.model.eval()
         local: dict[int, list[torch.Tensor]] = defaultdict(list)
         plan = data_plan.plan_forward(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size)
-        for name, model in models.items():
-            for mb in plan:
-                batch = [samples[i] for i in mb.indices]
+        for mb in plan:
+            batch = [samples[i] for i in mb.indices]
+            rows, scored = {}, []
+            for name, model in models.items():
                 if name == "values":
-                    scores = forward.values(model, batch, pad_token_id=self.pad_token_id, device=self.device)
-                else:
-                    scores = self._log_probs(model, batch)[0]
-                if not mb.dummy:
-                    for i, score in zip(mb.indices, scores):
+                    scored.append(forward.values(model, batch, pad_token_id=self.pad_token_id, device=self.device))
+                    continue
+                rows[name] = forward.response_log_softmax(model, batch, temperature=args.rollout_temperature,
+                                                          pad_token_id=self.pad_token_id, device=self.device)
+                scored.append(forward.gather_log_probs(rows[name], forward.response_targets(batch, self.device)))
+            if exact:
+                student = rows.get("old") or forward.response_log_softmax(
+                    self.model, batch, temperature=args.rollout_temperature, pad_token_id=self.pad_token_id,
+                    device=self.device)
+                scored.append(self._opd_kl(student, batch, rows.get("teacher")))
+            del rows
+            if not mb.dummy:
+                for field_scores in scored:
+                    for i, score in zip(mb.indices, field_scores):
                         local[i].append(score)
         self.model.train()
-        gathered = all_gather_per_sample(local, owners, [s.response_length for s in samples], len(models),
-                                         self.device) if models else []
-        out = dict(zip(models, gathered))
+        gathered = all_gather_per_sample(local, owners, [s.response_length for s in samples], len(fields),
+                                         self.device) if fields else []
+        out = dict(zip(fields, gathered))
         if args.use_rollout_logprobs:
             out["old"] = [self._sample_field(s, "rollout_log_probs", "--use-rollout-logprobs") for s in samples]
         if args.use_opd and args.opd_type == "sglang":
@@ -184,6 +231,8 @@ class FSDPActor:
             per_sample = {"old": data.old_log_probs, "ref": data.ref_log_probs, "adv": result.advantages,
                           "values": data.values, "returns": result.returns}
             rollout_metrics.update(self._rollout_kl_metrics(data, result, masks))
+            if "exact_kl" in scores:
+                rollout_metrics.update(self._exact_kl_metrics(scores["exact_kl"], masks))
 
         # Sub-timings of this rank (rank 0's are reported): log-prob recomputation (old/ref/teacher/values
         # forwards plus advantages) against the optimiser updates, so a step-time breakdown can split them.
@@ -198,8 +247,11 @@ class FSDPActor:
         return metrics
 
     def _rollout_kl_metrics(self, data, result, masks) -> dict:
-        out = {"advantages/mean": float(sum(float((a * m).sum()) for a, m in zip(result.advantages, masks))
-                                        / max(float(sum(float(m.sum()) for m in masks)), 1.0))}
+        trained = [a[m > 0] for a, m in zip(result.advantages, masks)]
+        flat = torch.cat(trained) if trained else torch.zeros(0)
+        out = {"advantages/mean": float(flat.mean()) if flat.numel() else 0.0,
+               "advantages/abs_mean": float(flat.abs().mean()) if flat.numel() else 0.0,
+               "advantages/std": float(flat.std()) if flat.numel() > 1 else 0.0}
         if data.ref_log_probs is not None:
             # k1 (the sampled log-ratio) is the KL the controller measures, whatever --kl-loss-type is.
             log_ratio = [old - ref for old, ref in zip(data.old_log_probs, data.ref_log_probs)]
@@ -210,6 +262,12 @@ class FSDPActor:
                                                                                           masks)
             out["per_sample_opd_kl"] = [kl.tolist() for kl in result.opd_reverse_kl]
         return out
+
+    def _exact_kl_metrics(self, exact_kl, masks) -> dict:
+        name = "opd/exact_kl" if self._exact_kl_source() == "full" else "opd/topk_kl"
+        token_mean, seq_sum = token_mean_and_seq_sum(exact_kl, masks)
+        return {name: token_mean, f"{name}_seq_sum": seq_sum,
+                "per_sample_opd_exact_kl": [kl.tolist() for kl in exact_kl]}
 
     def _train_step(self, samples, step: data_plan.StepPlan, masks, per_sample) -> dict:
         args = self.args
@@ -224,7 +282,14 @@ class FSDPActor:
             def pick(key, mb=mb):
                 return None if per_sample[key] is None else [per_sample[key][i].to(self.device) for i in mb.indices]
 
-            log_probs, entropies = self._log_probs(self.model, batch, with_entropy=not self.sft)
+            full_opd = self.full_opd and not mb.dummy
+            if full_opd:
+                rows = forward.response_log_softmax(self.model, batch, temperature=args.rollout_temperature,
+                                                    pad_token_id=self.pad_token_id, device=self.device)
+                log_probs = forward.gather_log_probs(rows, forward.response_targets(batch, self.device))
+                entropies = forward.entropies_of(rows)
+            else:
+                log_probs, entropies = self._log_probs(self.model, batch, with_entropy=not self.sft)
             if mb.dummy:
                 loss, mb_metrics = log_probs[0].sum() * 0.0, {}
             elif self.sft:
@@ -233,6 +298,11 @@ class FSDPActor:
                 loss, mb_metrics = losses.policy_loss(args, agg, log_probs=log_probs, entropies=entropies,
                                                       old_log_probs=pick("old"), advantages=pick("adv"),
                                                       masks=mb_masks, ref_log_probs=pick("ref"))
+                if full_opd:
+                    opd_loss = agg(self._opd_kl(rows, batch, self._teacher_rows(batch)), mb_masks)
+                    loss = loss + args.opd_kl_coef * opd_loss
+                    mb_metrics["opd/full_kl_loss"] = float(opd_loss.detach())
+                    mb_metrics["loss"] = float(loss.detach())
             (loss * self.world_size).backward()
             if self.critic is not None:
                 new_values = forward.values(self.critic, batch, pad_token_id=self.pad_token_id, device=self.device)
@@ -247,7 +317,7 @@ class FSDPActor:
                 sums[key] += value
         # Every rank must report the same keys for the all-reduce, including ranks with only dummies.
         keys = ["loss"] if self.sft else ["loss", "pg_loss", "pg_clipfrac", "entropy", "ppo_kl"] + \
-            (["kl_loss"] if args.use_kl_loss else []) + \
+            (["kl_loss"] if args.use_kl_loss else []) + (["opd/full_kl_loss"] if self.full_opd else []) + \
             (["critic/value_loss", "critic/value_clipfrac"] if self.critic is not None else [])
         metrics = sum_across_ranks({k: sums.get(k, 0.0) for k in keys}, self.device)
         metrics["grad_norm"] = self._step_optimizer(self.model, self.optimizer)

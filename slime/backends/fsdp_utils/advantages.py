@@ -71,7 +71,14 @@ def compute_advantages(args, data: RolloutTensors, kl_coef: float) -> AdvantageR
         raise ValueError(f"unknown --advantage-estimator {estimator!r}")
 
     rollout_data = {"teacher_log_probs": data.teacher_log_probs}
-    advantages = ppo_utils.apply_opd_kl_to_advantages(args, rollout_data, list(advantages), data.old_log_probs)
+    if getattr(args, "opd_loss", "sampled") == "full":
+        # --opd-loss full trains on the whole-distribution KL as a loss term (actor); here the sampled
+        # term is only measured, for the opd/reverse_kl metrics, and kept out of the advantages.
+        ppo_utils.apply_opd_kl_to_advantages(args, rollout_data, [torch.zeros_like(a) for a in advantages],
+                                             data.old_log_probs)
+    else:
+        advantages = ppo_utils.apply_opd_kl_to_advantages(args, rollout_data, list(advantages),
+                                                          data.old_log_probs)
     if args.normalize_advantages:
         advantages = ppo_utils.whiten_advantages(advantages, masks)
     return AdvantageResult(advantages, returns, kl, rollout_data.get("opd_reverse_kl"))

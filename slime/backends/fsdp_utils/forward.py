@@ -37,21 +37,38 @@ def _response_rows(hidden_or_logits: torch.Tensor, samples: list[Sample]):
         yield hidden_or_logits[row, start:end], targets
 
 
+def response_log_softmax(model, samples: list[Sample], *, temperature: float, pad_token_id: int,
+                         device) -> list[torch.Tensor]:
+    """Per sample, the float32 log-softmax rows ``[response_length, vocab]`` of its response span.
+
+    Gradients flow when called outside ``torch.no_grad``.
+    """
+    input_ids, attention_mask = collate(samples, pad_token_id, device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    return [torch.log_softmax(rows.float() / temperature, dim=-1) for rows, _ in _response_rows(logits, samples)]
+
+
+def response_targets(samples: list[Sample], device) -> list[torch.Tensor]:
+    return [torch.as_tensor(s.tokens[s.prompt_length:], dtype=torch.long, device=device) for s in samples]
+
+
+def gather_log_probs(rows: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) for logp, t in zip(rows, targets)]
+
+
+def entropies_of(rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [-(logp.exp() * logp).sum(-1) for logp in rows]
+
+
 def log_probs_and_entropy(model, samples: list[Sample], *, temperature: float, pad_token_id: int, device,
                           with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Response-span log-probs (and per-token entropies) of ``model`` on ``samples``.
 
     Gradients flow when called outside ``torch.no_grad``. Computed in float32 whatever the model dtype.
     """
-    input_ids, attention_mask = collate(samples, pad_token_id, device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    log_probs, entropies = [], [] if with_entropy else None
-    for rows, targets in _response_rows(logits, samples):
-        logp = torch.log_softmax(rows.float() / temperature, dim=-1)
-        log_probs.append(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        if with_entropy:
-            entropies.append(-(logp.exp() * logp).sum(-1))
-    return log_probs, entropies
+    rows = response_log_softmax(model, samples, temperature=temperature, pad_token_id=pad_token_id, device=device)
+    log_probs = gather_log_probs(rows, response_targets(samples, rows[0].device if rows else device))
+    return log_probs, entropies_of(rows) if with_entropy else None
 
 
 def values(critic, samples: list[Sample], *, pad_token_id: int, device) -> list[torch.Tensor]:
