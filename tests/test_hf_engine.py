@@ -251,20 +251,22 @@ def test_score_only_burst_is_grouped_by_length():
     """Waiting score-only requests are batched shortest first, so mixed lengths pad little."""
     from types import SimpleNamespace
 
+    from slime.backends.hf_engine.model_runner import Span
     from slime.backends.hf_engine.scheduler import Scheduler
 
     class Runner:
         def __init__(self):
             self.groups = []
 
-        def score(self, seqs, starts):
+        def score(self, seqs, starts, top_ks=None):
             self.groups.append([len(s) for s in seqs])
-            return [torch.zeros(len(s) - 1) for s in seqs]
+            return [Span(torch.zeros(len(s) - 1)) for s in seqs]
 
     runner = Runner()
     scheduler = Scheduler(runner, max_prefill_tokens=220)
     scheduler._reply = lambda job: None
-    jobs = [SimpleNamespace(req=SimpleNamespace(input_ids=[3] * n, logprob_start_len=0, return_logprob=True),
+    jobs = [SimpleNamespace(req=SimpleNamespace(input_ids=[3] * n, logprob_start_len=0, return_logprob=True,
+                                                top_k_logprobs=0),
                             result=SimpleNamespace()) for n in (5, 100, 6, 101)]
     scheduler._waiting.extend(jobs)
     scheduler._run_scoring(list(jobs))

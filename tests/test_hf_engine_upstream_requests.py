@@ -279,7 +279,7 @@ def test_failed_forward_answers_and_leaves_no_load(tok):
         model_path = tokenizer_path = "broken"
         device = torch.device("cpu")
 
-        def score(self, seqs, starts):
+        def score(self, seqs, starts, top_ks=None):
             raise RuntimeError("model exploded")
 
     runner = BrokenRunner()

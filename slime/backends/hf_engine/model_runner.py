@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,13 @@ def _cache_of(out):
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+class Span(NamedTuple):
+    """One row's input log-probs: the chosen tokens' [n], and with top-k asked (values, ids) [n, k]."""
+
+    logprobs: torch.Tensor
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -124,32 +132,42 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()
-    def score(self, seqs: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
-        """Log-probs of tokens ``start+1 .. end`` of each sequence (from one batched forward)."""
+    def score(self, seqs: list[list[int]], starts: list[int], top_ks: list[int] | None = None) -> list[Span]:
+        """Log-probs of tokens ``start+1 .. end`` of each sequence (from one batched forward), and with
+        ``top_ks[i]`` > 0 the top ``top_ks[i]`` log-probs at those positions too."""
         ids, mask = _left_pad(seqs, self.pad_id)
         logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                             position_ids=_positions(mask).to(self.device), use_cache=False).logits
         width = ids.shape[1]
-        return [self._span_logprobs(logits[i], ids[i], width - len(s), start)
-                for i, (s, start) in enumerate(zip(seqs, starts))]
+        top_ks = top_ks or [0] * len(seqs)
+        return [self._span_logprobs(logits[i], ids[i], width - len(s), start, k)
+                for i, (s, start, k) in enumerate(zip(seqs, starts, top_ks))]
 
     @staticmethod
-    def _span_logprobs(row_logits, row_ids, offset: int, start: int) -> torch.Tensor:
+    def _span_logprobs(row_logits, row_ids, offset: int, start: int, top_k: int = 0) -> Span:
         # Token j (j > start) is predicted by the logits at j - 1; offset skips the left padding.
-        lo, hi = offset + start, row_ids.shape[0] - 1
-        if hi <= lo:
-            return torch.empty(0)
+        lo, hi = offset + start, row_ids.shape[0] - 1  # lo == hi (an empty span) when start is the last token
         logp = torch.log_softmax(row_logits[lo:hi].float(), dim=-1)
-        return logp.gather(-1, row_ids[lo + 1:hi + 1, None].to(logp.device)).squeeze(-1).cpu()
+        chosen = logp.gather(-1, row_ids[lo + 1:hi + 1, None].to(logp.device)).squeeze(-1).cpu()
+        # Top-k from the same [positions, V] tensor as the chosen log-probs (so top-1 equals the chosen
+        # value where the token is the argmax); only the [positions, k] result outlives this row.
+        top = None
+        if top_k:
+            values, indices = logp.topk(top_k, dim=-1)
+            top = (values.cpu(), indices.cpu())
+        return Span(chosen, top)
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[list[int]], starts: list[int | None], prefixes: list | None = None):
-        """Run prompts, returning (DecodeBatch, last-position logits [B, V], input log-probs per row).
+    def prefill(self, seqs: list[list[int]], starts: list[int | None], prefixes: list | None = None,
+                top_ks: list[int] | None = None):
+        """Run prompts, returning (DecodeBatch, last-position logits [B, V], input :class:`Span` per row).
 
-        ``starts[i]`` is None when row i needs no input log-probs; full-sequence logits are only
-        materialised when some row asks for them. ``prefixes[i]`` is ``(n, entry)`` from the prefix
+        ``starts[i]`` is None when row i needs no input log-probs (its span is None); full-sequence
+        logits are only materialised when some row asks for them. ``top_ks[i]`` > 0 adds that many top
+        log-probs per position of row i's span. ``prefixes[i]`` is ``(n, entry)`` from the prefix
         cache: the KV of row i's first ``n`` tokens is taken from ``entry`` and only the rest is fed
-        (``(0, None)`` for a row without one). A row's ``starts[i]`` must then be ``>= n``.
+        (``(0, None)`` for a row without one). A row's ``starts[i]`` must then be ``>= n``: its input
+        log-probs (top-k included) need the logits from ``starts[i]`` on.
         """
         reused = [n for n, _ in prefixes] if prefixes else [0] * len(seqs)
         past_width = max(reused)
@@ -168,8 +186,9 @@ class ModelRunner:
                          position_ids=positions.to(self.device), use_cache=True,
                          logits_to_keep=0 if need_all else 1, **kwargs)
         width = ids.shape[1]
-        input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(f), start - n)
-                     for i, (f, start, n) in enumerate(zip(fed, starts, reused))]
+        top_ks = top_ks or [0] * len(seqs)
+        input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(f), start - n, k)
+                     for i, (f, start, n, k) in enumerate(zip(fed, starts, reused, top_ks))]
         batch = DecodeBatch(cache=_cache_of(out), mask=mask,
                             next_pos=torch.tensor([len(s) for s in seqs], dtype=torch.long))
         return batch, out.logits[:, -1, :], input_lps

@@ -17,6 +17,13 @@ hands it (transformers 5 tokenizers ignore it, so both values give the same text
 a custom logit processor, which hf_engine does not have. Upstream slime's
 ``{"return_top_p_token_ids": true}`` is read by its patched SGLang only; stock SGLang 0.5.23 ignores it
 and returns no ``top_p_token_ids``, and so does hf_engine.
+
+``top_logprobs_num`` (k) follows SGLang's ``GenerateReqInput``: an integer, or for a batch one per prompt,
+null meaning 0. With ``return_logprob`` and k > 0 the reply adds ``input_top_logprobs`` (aligned with
+``input_token_logprobs``, first entry null) and ``output_top_logprobs`` (one entry per output token),
+each entry the k most likely ``[logprob, token_id, text_or_null]`` in descending order; the log-probs
+are the ones ``input_token_logprobs`` / ``output_token_logprobs`` are read from. SGLang does not check k
+(a negative one acts as 0, one above the vocabulary fails in ``topk``); hf_engine answers 400 to both.
 """
 
 from __future__ import annotations
@@ -88,6 +95,12 @@ class GenerateRequest:
     return_logprob: bool = False
     logprob_start_len: int = -1  # resolved to an index in [0, len(input_ids)) by parse_generate
     return_text_in_logprobs: bool = False
+    top_logprobs_num: int = 0
+
+    @property
+    def top_k_logprobs(self) -> int:
+        """How many top log-probs to compute per position: SGLang only returns them with return_logprob."""
+        return self.top_logprobs_num if self.return_logprob else 0
 
     @property
     def score_only(self) -> bool:
@@ -230,8 +243,6 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
         raise ProtocolError(f"unknown field(s) {unknown}")
     if body.get("stream"):
         raise ProtocolError("stream=true is not supported by hf_engine")
-    if body.get("top_logprobs_num"):
-        raise ProtocolError("top_logprobs_num is not supported by hf_engine")
     text = body.get("text", body.get("prompt"))
     ids = body.get("input_ids")
     if (text is None) == (ids is None):
@@ -273,6 +284,7 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
     want_lp = _per_item(body, "return_logprob", n, batched, False)
     starts = _per_item(body, "logprob_start_len", n, batched, -1)
     want_text = _per_item(body, "return_text_in_logprobs", n, batched, False)
+    top_nums = _per_item(body, "top_logprobs_num", n, batched, 0)
 
     requests = []
     for i in range(n):
@@ -285,6 +297,9 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
             start = len(prompt) - 1
         if start >= len(prompt):
             raise ProtocolError(f"logprob_start_len{sfx}={start} must be < the prompt length {len(prompt)}")
+        top_num = _integer(f"top_logprobs_num{sfx}", top_nums[i] if top_nums[i] is not None else 0, low=0)
+        if top_num > vocab_size:
+            raise ProtocolError(f"top_logprobs_num{sfx}={top_num} exceeds the vocabulary size {vocab_size}")
         rid = rids[i] if rids[i] is not None else uuid.uuid4().hex
         if not isinstance(rid, str):
             raise ProtocolError(f"rid{sfx} must be a string")
@@ -293,6 +308,7 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
             return_logprob=_boolean(f"return_logprob{sfx}", False if want_lp[i] is None else want_lp[i]),
             logprob_start_len=start,
             return_text_in_logprobs=_boolean(f"return_text_in_logprobs{sfx}", want_text[i] or False),
+            top_logprobs_num=top_num,
         ))
     return requests, batched
 
@@ -305,6 +321,10 @@ class GenerateResult:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     input_logprobs: list[float] | None = None  # for prompt tokens start+1 .. end (start's entry is null)
+    # With top_k_logprobs = k: per position, (k log-probs descending, their token ids). The input list
+    # covers the same positions as input_logprobs; the output list has one pair per output token.
+    input_top_logprobs: list[tuple[list[float], list[int]]] | None = None
+    output_top_logprobs: list[tuple[list[float], list[int]]] = field(default_factory=list)
     finish_reason: dict = field(default_factory=dict)
     latency_s: float = 0.0
 
@@ -353,4 +373,11 @@ def build_response(req: GenerateRequest, result: GenerateResult, tokenizer) -> d
         values = [None] + list(result.input_logprobs or [])
         meta["input_token_logprobs"] = [[v, t, piece(t)] for v, t in zip(values, span)]
         meta["output_token_logprobs"] = [[v, t, piece(t)] for v, t in zip(result.output_logprobs, result.output_ids)]
+        if req.top_logprobs_num > 0:
+            def top(pairs):
+                return [[[v, t, piece(t)] for v, t in zip(vals, ids)] for vals, ids in pairs]
+
+            # SGLang's input list starts with null: the first position has no prediction, as above.
+            meta["input_top_logprobs"] = [None] + top(result.input_top_logprobs or [])
+            meta["output_top_logprobs"] = top(result.output_top_logprobs)
     return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}

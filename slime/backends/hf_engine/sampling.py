@@ -24,8 +24,13 @@ def make_generator(seed: int) -> torch.Generator:
     return gen
 
 
-def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]):
-    """Sample one token per row of ``logits`` [B, V]. Returns (token_ids [B], log-probs [B]) on CPU."""
+def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                top_ks: list[int] | None = None):
+    """Sample one token per row of ``logits`` [B, V]. Returns (token_ids [B], log-probs [B], tops) on CPU.
+
+    ``tops[i]`` is None, or with ``top_ks[i]`` > 0 the row's ``top_ks[i]`` largest log-probs and their
+    token ids (two lists), taken from the same log-probs as the returned one, as SGLang's sampler does.
+    """
     logits = logits.float()
     batch = logits.shape[0]
     greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
@@ -58,4 +63,11 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: 
 
     chosen = logp.gather(-1, tokens.to(logp.device)[:, None]).squeeze(-1).cpu()
     assert chosen.shape[0] == batch
-    return tokens, chosen
+    tops = [None] * batch
+    if top_ks and max(top_ks) > 0:
+        # One topk at the largest k for the rows that ask, each row then cut to its own k.
+        rows = [i for i, k in enumerate(top_ks) if k > 0]
+        values, indices = logp[rows].topk(max(top_ks), dim=-1)
+        for row, vals, ids in zip(rows, values.tolist(), indices.tolist()):
+            tops[row] = (vals[:top_ks[row]], ids[:top_ks[row]])
+    return tokens, chosen, tops

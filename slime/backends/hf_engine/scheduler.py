@@ -50,6 +50,13 @@ def _resolve(loop, future, value=None, error=None):
     loop.call_soon_threadsafe(done)
 
 
+def _keep_input_logprobs(result: GenerateResult, span) -> None:
+    """Store a runner :class:`Span` in the result as plain lists (the reply is built from those)."""
+    result.input_logprobs = span.logprobs.tolist()
+    if span.top is not None:
+        result.input_top_logprobs = list(zip(span.top[0].tolist(), span.top[1].tolist()))
+
+
 @dataclass
 class _Job:
     req: GenerateRequest
@@ -256,9 +263,11 @@ class Scheduler:
         jobs = sorted(jobs, key=lambda j: len(j.req.input_ids))
         for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
             logger.debug("scoring %d request(s) in one forward", len(group))
-            lps = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group])
-            for job, lp in zip(group, lps):
-                job.result.input_logprobs = lp.tolist() if job.req.return_logprob else None
+            spans = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group],
+                                      [j.req.top_k_logprobs for j in group])
+            for job, span in zip(group, spans):
+                if job.req.return_logprob:
+                    _keep_input_logprobs(job.result, span)
                 job.result.finish_reason = finish_length(0)
                 self._reply(job)
 
@@ -272,10 +281,12 @@ class Scheduler:
         cost = lambda j: len(j.req.input_ids) - prefixes[id(j)][0]  # noqa: E731 - tokens actually fed
         for group in self._budget_groups(jobs, cost):
             starts = [j.req.logprob_start_len if j.req.return_logprob else None for j in group]
-            batch, logits, input_lps = self.runner.prefill([j.req.input_ids for j in group], starts,
-                                                           [prefixes[id(j)] for j in group])
-            for job, lp in zip(group, input_lps):
-                job.result.input_logprobs = lp.tolist() if lp is not None else None
+            batch, logits, spans = self.runner.prefill([j.req.input_ids for j in group], starts,
+                                                       [prefixes[id(j)] for j in group],
+                                                       [j.req.top_k_logprobs for j in group])
+            for job, span in zip(group, spans):
+                if span is not None:
+                    _keep_input_logprobs(job.result, span)
             tokens, keep = self._advance(group, logits, batch)
             if not keep:
                 continue
@@ -294,7 +305,8 @@ class Scheduler:
         if not self.prefix_cache.enabled:
             return 0, None
         ids = job.req.input_ids
-        # The last input token is always fed; input log-probs need the logits from their start on.
+        # The last input token is always fed; input log-probs (and their top-k, over the same positions)
+        # need the logits from their start on, which cached KV does not give.
         limit = len(ids) - 1
         if job.req.return_logprob:
             limit = min(limit, job.req.logprob_start_len)
@@ -331,7 +343,8 @@ class Scheduler:
 
         Returns (tokens, kept rows). Finished rows are stored in the prefix cache first.
         """
-        tokens, logprobs = sample_next(logits, [j.req.sampling for j in jobs], [j.generator for j in jobs])
+        tokens, logprobs, tops = sample_next(logits, [j.req.sampling for j in jobs], [j.generator for j in jobs],
+                                             [j.req.top_k_logprobs for j in jobs])
         keep = []
         for i, job in enumerate(jobs):
             if job.future.cancelled():
@@ -344,6 +357,8 @@ class Scheduler:
             token = int(tokens[i])
             job.result.output_ids.append(token)
             job.result.output_logprobs.append(float(logprobs[i]))
+            if tops[i] is not None:
+                job.result.output_top_logprobs.append(tops[i])
             finish = self._finish_reason(job, token)
             if finish is None:
                 keep.append(i)
