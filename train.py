@@ -61,6 +61,7 @@ def main(argv=None) -> int:
 
     from slime.ray.actor_group import TrainerGroup
     from slime.ray.rollout import RolloutManager
+    from slime.utils import debug_rollout_data
     from slime.utils.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
@@ -102,6 +103,7 @@ def main(argv=None) -> int:
         for rollout_id in bar:
             t_step = time.perf_counter()
             samples, groups, select_stats = rollout_manager.generate(rollout_id)
+            debug_rollout_data.save(args.save_debug_rollout_data, samples, rollout_id)
             t_rollout = time.perf_counter() - t_step
 
             t0 = time.perf_counter()

@@ -130,3 +130,15 @@ def test_opd_loss_flags_are_validated(ckpts):
                   "--opd-teacher-top-k", "0")
     assert make_args(ckpts["student"], "--use-opd", "--opd-type", "sglang", "--opd-loss", "full").opd_teacher_top_k == 20
     assert make_args(ckpts["student"], "--use-opd", "--opd-type", "sglang").opd_teacher_top_k == 0
+
+
+def test_multi_step_sampled_opd_warns_and_one_step_or_full_does_not(ckpts):
+    teacher = ("--use-opd", "--opd-type", "megatron", "--opd-teacher-load", ckpts["teacher"])
+    with pytest.warns(UserWarning, match="4 optimizer steps per rollout"):
+        make_args(ckpts["student"], *teacher, "--global-batch-size", "2")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_args(ckpts["student"], *teacher)  # one step per rollout (the default global batch)
+        make_args(ckpts["student"], *teacher, "--global-batch-size", "2", "--opd-loss", "full")

@@ -108,6 +108,22 @@ def test_list_of_samples_from_a_generate_function(teacher, teacher_model, tok):
         assert (torch.tensor(s.teacher_log_probs) - response_logprobs(teacher_model, s)).abs().max() <= 1e-4
 
 
+def test_teacher_top_k_is_asked_and_kept_per_response_position(teacher, teacher_model, tok):
+    args = Namespace(rm_url=f"{teacher}/generate", rollout_temperature=1.0, opd_teacher_top_k=4)
+    samples = [single_turn(tok, 4), trajectory(tok, 5)]
+    assert opd.teacher_payload(args, samples[0])["top_logprobs_num"] == 4
+    run(lambda: opd.reward_func(args, samples))
+    opd.post_process_rewards(args, samples)
+    for s in samples:
+        topk = s.metadata["teacher_topk"]
+        assert len(topk["ids"]) == len(topk["logprobs"]) == s.response_length
+        with torch.no_grad():
+            logp = torch.log_softmax(teacher_model(torch.tensor([s.tokens])).logits[0, :-1], -1)
+        want_lp, want_ids = logp[len(s.tokens) - 1 - s.response_length:].topk(4, dim=-1)
+        assert torch.allclose(torch.tensor(topk["logprobs"]), want_lp, atol=1e-4)
+        assert topk["ids"] == want_ids.tolist()
+
+
 def test_exact_slime_payload_is_sent():
     seen = []
 

@@ -188,6 +188,9 @@ def add_logging_arguments(parser):
     g.add_argument("--use-wandb", action="store_true")
     g.add_argument("--wandb-project", type=str, default=None)
     g.add_argument("--wandb-group", type=str, default=None)
+    g.add_argument("--save-debug-rollout-data", type=str, default=None,
+                   help="path template with {rollout_id}: save each training rollout's samples (torch.save of "
+                        "Sample.to_dict()s, upstream's layout) for offline study")
     return parser
 
 
@@ -272,6 +275,16 @@ def _validate_opd_loss(args):
         args.opd_teacher_top_k = 20 if args.opd_loss == "full" and args.opd_type == "sglang" else 0
     if args.opd_loss == "full" and args.opd_type == "sglang" and args.opd_teacher_top_k == 0:
         _fail("--opd-loss full with a server teacher needs its top-k log-probs: --opd-teacher-top-k K > 0")
+    if args.opd_loss == "sampled" and args.num_steps_per_rollout > 1:
+        # docs/en/advanced/opd-regimes.md: slime's sampled term is carried by a few heavy-tailed tokens, so a
+        # small optimizer batch's gradient is mostly noise and Adam takes full-size steps along it.
+        warnings.warn(
+            f"--use-opd with {args.num_steps_per_rollout} optimizer steps per rollout (--global-batch-size "
+            f"{args.global_batch_size}): the sampled OPD term was measured to stall or raise the KL to the "
+            "teacher in this regime (docs/en/advanced/opd-regimes.md). Use one optimizer step per rollout "
+            "(--global-batch-size = --rollout-batch-size x --n-samples-per-prompt, the default) or --opd-loss full",
+            stacklevel=3,
+        )
 
 
 def _validate_tcod(args):
