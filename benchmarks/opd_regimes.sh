@@ -6,7 +6,8 @@
 #   TEACHER=... STUDENT=... DATA=dir-with-train.jsonl+eval.jsonl bash benchmarks/opd_regimes.sh OUT CONFIG...
 # CONFIG = name:episodes:global_batch:lr:loss[:steps], e.g. multi:8:2:2e-4:sampled one:32:32:1e-3:full
 # Environment: PYTHON, STEPS (default 24), SEED (0), EVAL_INTERVAL (default STEPS/2), TEACHER_TYPE
-# (megatron = in-trainer teacher, default; sglang = hf_engine server with --opd-teacher-top-k 20).
+# (megatron = in-trainer teacher, default; sglang = hf_engine server with --opd-teacher-top-k 20),
+# EVAL_TEMPERATURE (default 1.0, the rollout temperature OPD matches).
 # Report: python benchmarks/opd_regimes_report.py OUT/*/metrics.jsonl
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,7 +46,7 @@ for config in "$@"; do
     --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
     --custom-generate-function-path slime.rollout.multi_turn.generate \
     --max-turns 10 --max-turn-response-len 8 --rollout-max-response-len 480 \
-    --eval-prompt-data gridnav "${DATA}/eval.jsonl" --eval-temperature 0.4 \
+    --eval-prompt-data gridnav "${DATA}/eval.jsonl" --eval-temperature "${EVAL_TEMPERATURE:-1.0}" \
     --rollout-batch-size "${episodes}" --global-batch-size "${gbs}" --micro-batch-size 8 \
     --num-rollout "${steps}" --lr "${lr}" --rollout-temperature 1.0 \
     --eval-interval "${EVAL_INTERVAL:-$(( steps / 2 ))}" \

@@ -25,6 +25,9 @@ from examples.multi_turn_tcod.report import (  # noqa: E402
     TRAIN_SUCCESS, TRAJ_KL, eval_key, evals_of, mean_per_turn_kl, summarize, train_steps)
 from slime.utils.metrics import read_metrics  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import stats  # noqa: E402
+
 METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
 
 
@@ -107,6 +110,32 @@ def table(runs, start_eval) -> tuple[str, dict]:
         for name, curve in curves.items():
             summary[name]["eval_curve"] = curve
     return "\n".join(lines), summary
+
+
+def significance(summary: dict) -> str:
+    """TCOD vs vanilla OPD per comparison: final eval success and train-loop wall time, paired by seed
+    where both methods ran the same seeds (else Welch), two-sided p."""
+    base = summary.get("vanilla OPD")
+    if not base:
+        return ""
+    lines = ["", "| comparison (vs vanilla OPD) | metric | difference of means | paired t-test p (seeds) | "
+                 "Welch p |", "| --- | --- | --- | --- | --- |"]
+    for name in ("TCOD-F2B", "TCOD-B2F"):
+        other = summary.get(name)
+        if not other:
+            continue
+        seeds = sorted(set(base["per_seed"]) & set(other["per_seed"]))
+        for key, label in (("eval_success_end", "eval success, end"), ("wall_time_s", "wall time s")):
+            a = [other["per_seed"][sd][key] for sd in seeds]
+            b = [base["per_seed"][sd][key] for sd in seeds]
+            if any(v is None for v in a + b):
+                continue
+            diff = statistics.fmean(a) - statistics.fmean(b)
+            _, p_paired = stats.paired(a, b)
+            _, p_welch = stats.welch(a, b)
+            other["mean_std"][f"p_paired_{key}"] = (p_paired, None)
+            lines.append(f"| {name} | {label} | {diff:+.3f} | {p_paired:.3g} ({len(seeds)}) | {p_welch:.3g} |")
+    return "\n".join(lines)
 
 
 def per_turn_early_late(runs, method) -> tuple[list, list]:
@@ -195,6 +224,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     runs = load(args.dir)
     md, summary = table(runs, args.start_eval)
+    md += "\n" + significance(summary)
     head = (f"{args.setting}: teacher eval success {args.teacher_success}, student (start) {args.start_eval}; "
             "mean ± std over seeds")
     print(head + "\n\n" + md)
