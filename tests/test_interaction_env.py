@@ -76,7 +76,9 @@ def test_an_upstream_style_env_module(tmp_path):
 @pytest.mark.parametrize("step_return,match", [
     ("('obs', 0.0, False)", r"\(observation, reward, done, info\), got a 3-tuple"),
     ("('obs', None, False, {})", "reward None"),
-    ("('obs', float('nan'), False, {})", "non-finite reward"),
+    ("('obs', float('nan'), False, {})", r"non-finite reward \(nan\)"),
+    ("('obs', float('inf'), False, {})", r"non-finite reward \(inf\)"),
+    ("('obs', -float('inf'), True, {})", r"non-finite reward \(-inf\)"),
     ("('obs', 0.0, 'yes', {})", "done='yes'"),
     ("('obs', 0.0, False, ['x'])", "info of type list"),
     ("({'x': 1}, 0.0, False, {})", "observation of type dict"),
@@ -114,3 +116,21 @@ def test_reset_must_give_text_and_paths_are_checked():
     nothing = _module("none_env", "def make_env(args, sample):\n    return None")
     with pytest.raises(EnvironmentContractError, match="returned None"):
         _build(f"{nothing}.make_env")
+
+
+@pytest.mark.parametrize("key", ["reward", "score"])
+def test_upstream_contract_rejects_a_non_finite_reward_in_info(key):
+    name = _module(f"nan_info_env_{key}", f'''
+        class Env:
+            def reset(self):
+                return "start", {{}}
+            def step(self, text):
+                return "obs", False, {{"{key}": float("nan")}}
+        def build_env(sample=None, args=None):
+            return Env()
+        ''')
+    env = _build(name)
+    assert env.upstream_contract and env.reset() == "start"
+    with pytest.raises(EnvironmentContractError, match="non-finite reward"):
+        env.step("go")
+    assert env.label == f"environment {name}.Env"  # how the agent loop names it in the episode's error

@@ -185,3 +185,55 @@ def test_vocab_check(teacher, tok):
     assert run(lambda: check_teacher_vocab(args, 100))["is_generation"]
     with pytest.raises(ValueError, match="vocabulary of 100 tokens but the student has 151669"):
         run(lambda: check_teacher_vocab(args, 151669))
+
+
+def _reply(response_lps, top=None):
+    """A score-only reply for a sequence whose response is the last len(response_lps) of 4 tokens."""
+    lps = [None] + [-0.1] * (3 - len(response_lps)) + list(response_lps)
+    meta = {"input_token_logprobs": [[lp, i, None] for i, lp in enumerate(lps)]}
+    if top is not None:
+        meta["input_top_logprobs"] = [None] + [[[-0.1, 0, None], [-0.2, 1, None]]] * (3 - len(top)) + top
+    return {"meta_info": meta}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf"), float("inf")])
+def test_non_finite_teacher_log_probs_are_refused_naming_sample_and_teacher(bad):
+    s = Sample(index=7, tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1])
+    s.reward = _reply([-0.3, bad])
+    args = Namespace(rm_url="http://teacher:1/generate")
+    with pytest.raises(ValueError, match=r"non-finite log-prob .* sample 7 at response position 1") as err:
+        opd.post_process_rewards(args, [s])
+    assert "http://teacher:1/generate" in str(err.value)
+    assert s.teacher_log_probs is None  # nothing poisoned is left on the sample
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_non_finite_teacher_top_k_is_refused(bad):
+    s = Sample(index=3, tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1])
+    s.reward = _reply([-0.3, -0.4], top=[[[-0.3, 5, None], [-0.9, 6, None]], [[-0.4, 7, None], [bad, 8, None]]])
+    args = Namespace(rm_url="http://teacher:2/generate", opd_teacher_top_k=2)
+    with pytest.raises(ValueError, match=r"non-finite top-k log-prob .* sample 3 at response position 1"):
+        opd.post_process_rewards(args, [s])
+    s.reward = _reply([-0.3, -0.4], top=[[[-0.3, 5, None], [-0.9, 6, None]], [[-0.4, 7, None], [-2.0, 8, None]]])
+    opd.post_process_rewards(args, [s])  # the same reply with finite values is accepted
+    assert s.metadata["teacher_topk"]["logprobs"] == [[-0.3, -0.9], [-0.4, -2.0]]
+
+
+def test_a_nan_teacher_server_stops_before_anything_trains():
+    async def nan_teacher(request):  # json.dumps writes NaN, as SGLang's reply would carry it
+        body = await request.json()
+        n = len(body["input_ids"])
+        return web.json_response({"meta_info": {"input_token_logprobs": [[None, 0, None]] +
+                                                [[float("nan"), 0, None]] * (n - 1)}})
+
+    app = web.Application()
+    app.router.add_post("/generate", nan_teacher)
+    stub = ThreadedApp(app)
+    try:
+        args = Namespace(rm_url=f"{stub.url}/generate", rollout_temperature=1.0)
+        s = Sample(index=11, tokens=[1, 2, 3], response_length=1, loss_mask=[1])
+        s.reward = run(lambda: opd.reward_func(args, s))
+    finally:
+        stub.stop()
+    with pytest.raises(ValueError, match=f"teacher at {stub.url}/generate returned a non-finite log-prob"):
+        opd.post_process_rewards(args, [s])

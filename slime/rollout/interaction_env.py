@@ -12,7 +12,8 @@ Two contracts are accepted, so environments written for upstream slime and for t
 
 Either may offer ``expert_actions() -> list[str]`` (used by TCOD's B2F prefix). Whatever the env
 returns is checked here; a malformed return raises :class:`EnvironmentContractError` naming the method
-and what came back, and the agent loop turns it into a failed episode instead of a crashed run.
+and what came back (a NaN or infinite reward included), and the agent loop turns it into a failed
+episode instead of a crashed run. The agent loop also bounds every call in time (``--env-step-timeout``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ class InteractionEnv:
         self.env = env
         self.upstream_contract = upstream_contract
         self.sample = sample
+
+    @property
+    def label(self) -> str:
+        """Names the environment in error messages: ``environment <module>.<class>``."""
+        cls = type(self.env)
+        return f"environment {cls.__module__}.{cls.__qualname__}"
 
     def _text(self, observation, method: str) -> str:
         if isinstance(observation, str):

@@ -16,8 +16,11 @@ turns (a normal outcome, recorded as ``cut``); ``b2f`` first replays ``max(0, L_
 (or teacher) turns into the prompt part, where nothing is trained, then the student plays to the end.
 
 Outcomes in ``metadata["outcome"]``: done, cut, max_turns, context_full, replay_finished, env_error.
-An exception in the environment, or a return that breaks its contract, ends the episode as FAILED
-(error in ``metadata["error"]``); engine errors are not environment faults and propagate.
+An exception in the environment, a return that breaks its contract (a NaN reward included), or a call
+(build, reset, step, expert_actions, close) that takes longer than ``--env-step-timeout`` seconds ends
+the episode as FAILED (error in ``metadata["error"]``, naming the environment class and the call);
+engine errors are not environment faults and propagate. Environment calls run on daemon threads, so
+one that never returns is abandoned there and cannot keep a stopped run alive.
 
 Rewards, as upstream's ``generate_and_rm`` expects them: the environment's return is kept in
 ``metadata["task_reward"]``. In training with a reward model (``--custom-rm-path``, e.g. the OPD
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 from slime.rollout.chat_layout import (action_stop_token_id, decode_action, encode_action, encode_observation,
                                       encode_prompt)
@@ -53,18 +57,67 @@ SEED_MODULUS = 2**31 - 1
 _TOKENIZERS: dict[str, object] = {}
 
 
+DEFAULT_ENV_STEP_TIMEOUT = 300.0
+# A cancelled episode (Ctrl-C under asyncio.run) still closes its env, but does not wait long for it.
+CLOSE_GRACE_ON_CANCEL = 5.0
+
+
 class EnvironmentFault(RuntimeError):
-    """The environment raised; the episode is recorded as FAILED and the run goes on."""
+    """The environment raised or broke its contract; the episode is recorded as FAILED and the run goes on."""
 
 
-async def _env_call(fn, *args):
-    # Environments may block (a JVM, a game engine): keep them off the event loop.
+class EnvironmentTimeout(EnvironmentFault):
+    """An environment call did not return within --env-step-timeout."""
+
+
+def env_step_timeout(args) -> float:
+    return float(getattr(args, "env_step_timeout", None) or DEFAULT_ENV_STEP_TIMEOUT)
+
+
+def _in_daemon_thread(fn, args) -> asyncio.Future:
+    """Run ``fn(*args)`` on a new daemon thread; the future gets ``(True, result)`` or ``(False, error)``.
+
+    Not ``asyncio.to_thread``: its executor's threads are joined when the loop shuts down and again at
+    interpreter exit, so one env call that never returns kept a Ctrl-C'd run alive. A daemon thread
+    is simply abandoned. Errors travel as values so that a TimeoutError raised by the env itself is
+    not mistaken for our bound running out.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def deliver(outcome):
+        if not future.done():  # a timed-out or cancelled wait no longer listens
+            future.set_result(outcome)
+
+    def run():
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting coroutine
+            outcome = (False, err)
+        try:
+            loop.call_soon_threadsafe(deliver, outcome)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for this call any more
+
+    threading.Thread(target=run, name=f"env-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
+async def _env_call(seconds: float, what: str, fn, *args):
+    """``fn(*args)`` off the event loop (environments may block: a JVM, a game engine), bounded in time."""
+    future = _in_daemon_thread(fn, args)
     try:
-        return await asyncio.to_thread(fn, *args)
-    except EnvironmentContractError as err:
-        raise EnvironmentFault(f"environment contract: {err}") from err
-    except Exception as err:  # noqa: BLE001 - any env error ends only this episode
-        raise EnvironmentFault(f"{getattr(fn, '__qualname__', fn)}: {type(err).__name__}: {err}") from err
+        ok, value = await asyncio.wait_for(future, seconds)
+    except asyncio.TimeoutError:
+        raise EnvironmentTimeout(f"{what} did not return within {seconds:g} s (--env-step-timeout); "
+                                 "the call is abandoned on its thread") from None
+    if ok:
+        return value
+    if isinstance(value, EnvironmentContractError):
+        raise EnvironmentFault(f"{what}: environment contract: {value}") from value
+    if isinstance(value, Exception):  # any env error ends only this episode
+        raise EnvironmentFault(f"{what}: {type(value).__name__}: {value}") from value
+    raise value  # KeyboardInterrupt / SystemExit raised inside the env stop the run, as before
 
 
 def get_tokenizer(args):
@@ -73,7 +126,9 @@ def get_tokenizer(args):
     if path not in _TOKENIZERS:
         from transformers import AutoTokenizer
 
-        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+        # Upstream slime has no such flag and loads its tokenizers trusting remote code: keep that there.
+        trust = bool(getattr(args, "trust_remote_code", True))
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     return _TOKENIZERS[path]
 
 
@@ -110,6 +165,10 @@ class _Episode:
         self.total_reward = 0.0
         self.response_budget = args.rollout_max_response_len
         self.context_limit = args.rollout_max_context_len
+        self.env_timeout = env_step_timeout(args)
+
+    async def env_call(self, env, call: str, fn, *args):
+        return await _env_call(self.env_timeout, f"{env.label}: {call}", fn, *args)
 
     def room(self) -> int:
         """Tokens that may still be added to the sequence."""
@@ -139,7 +198,7 @@ class _Episode:
 
 async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampling_params: dict):
     """Play the B2F prefix into the prompt part. Returns (observation, done, replayed turns)."""
-    expert = expert_actions_for(env, ep.sample)
+    expert = await ep.env_call(env, "expert_actions()", expert_actions_for, env, ep.sample)
     prefix = plan_prefix_length(plan, len(expert) if expert else 0)
     source = plan.get("prefix_source") or "expert"
     for i in range(prefix):
@@ -150,7 +209,7 @@ async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampli
         else:
             action = expert[i]
             ids = encode_action(ep.tokenizer, action)
-        observation, reward, done, info = await _env_call(env.step, action)
+        observation, reward, done, info = await ep.env_call(env, "step()", env.step, action)
         ep.record_step(reward, info or {})
         ep.sample.tokens.extend(ids)
         if done:
@@ -162,7 +221,7 @@ async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampli
 async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
     """Run the episode; returns the outcome."""
     sample = ep.sample
-    observation = await _env_call(env.reset)
+    observation = await ep.env_call(env, "reset()", env.reset)
     sample.tokens = list(encode_prompt(ep.tokenizer, observation))
     sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
     prefix_turns = 0
@@ -185,7 +244,7 @@ async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
         sample.append_response_tokens(ep.args, tokens=ids, log_probs=output_log_probs(out["meta_info"]),
                                       trainable=True, update_terminal_info=False)
         ep.turn_spans.append([start, sample.response_length])
-        observation, reward, done, info = await _env_call(env.step, ep.action_text(ids))
+        observation, reward, done, info = await ep.env_call(env, "step()", env.step, ep.action_text(ids))
         ep.record_step(reward, info or {})
         if done:
             sample.status = Sample.Status.COMPLETED
@@ -229,6 +288,24 @@ def _keep_out_of_training(ep: _Episode, sample: Sample) -> None:
         sample.append_response_tokens(ep.args, tokens=[ep.stop_id], trainable=False, update_terminal_info=False)
 
 
+def _fail(sample: Sample, err: EnvironmentFault) -> str:
+    sample.status = Sample.Status.FAILED
+    sample.metadata["error"] = str(err)
+    logger.warning("episode of sample %s failed in the environment: %s", sample.index, err)
+    return "env_error"
+
+
+async def _close(env, seconds: float, sample: Sample):
+    """Close ``env``; returns the timeout if close() hung. A close that raises is only logged."""
+    try:
+        await _env_call(seconds, f"{env.label}: close()", env.close)
+    except EnvironmentTimeout as err:
+        return err
+    except EnvironmentFault as err:  # a failing close must not hide the episode
+        logger.warning("env.close() raised for sample %s: %s", sample.index, err)
+    return None
+
+
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     """slime's custom generate hook: play one episode and return it as one loss-masked Sample."""
     if not getattr(args, "max_turns", None):
@@ -239,21 +316,22 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     tokenizer = get_tokenizer(args)
     plan = _episode_plan(args, sample, evaluation)
     ep = _Episode(args, sample, tokenizer, evaluation)
-    env = None
+    env, close_bound, close_timeout = None, ep.env_timeout, None
     try:
-        env = await _env_call(build_interaction_env, args, sample)
+        env = await _env_call(ep.env_timeout, f"environment {args.rollout_interaction_env_path}: build",
+                              build_interaction_env, args, sample)
         outcome = await _play(ep, env, plan, sampling_params)
     except EnvironmentFault as err:
-        outcome = "env_error"
-        sample.status = Sample.Status.FAILED
-        sample.metadata["error"] = str(err)
-        logger.warning("episode of sample %s failed in the environment: %s", sample.index, err)
+        outcome = _fail(sample, err)
+    except asyncio.CancelledError:
+        close_bound = min(close_bound, CLOSE_GRACE_ON_CANCEL)
+        raise
     finally:
         if env is not None:
-            try:
-                await asyncio.to_thread(env.close)
-            except Exception as err:  # noqa: BLE001 - a failing close must not hide the episode
-                logger.warning("env.close() raised for sample %s: %s", sample.index, err)
+            close_timeout = await _close(env, close_bound, sample)
+    if close_timeout is not None and outcome != "env_error":
+        # A close that hangs leaves the env (and its thread) in an unknown state: report it, don't hide it.
+        outcome = _fail(sample, close_timeout)
     if sample.loss_mask is None:
         sample.loss_mask = []
     if outcome in ("env_error", "replay_finished"):

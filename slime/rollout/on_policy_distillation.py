@@ -23,6 +23,11 @@ scale input-token log-probs by it, so the teacher is scored at temperature 1 eit
 * With ``--opd-teacher-top-k K`` (this runtime's flag; absent upstream, so off there) the request
   also asks for the teacher's top-K log-probs at every position (SGLang's ``top_logprobs_num``) and
   they are kept in ``metadata["teacher_topk"]`` for the exact-KL diagnostic and ``--opd-loss full``.
+* ``post_process_rewards`` rejects a teacher reply with a NaN or infinite log-prob (response span or
+  top-K) with an error naming the sample and the teacher, so nothing trains on it. ``-inf`` is refused
+  too, top-K entries included: a token the teacher rules out completely makes the OPD term and the
+  top-K KL infinite (the student never has exactly zero mass there); a server whose top-K holds ``-inf``
+  is being asked for more tokens than it gives mass to, so lower ``--opd-teacher-top-k``.
 * ``post_process_rewards`` returns the task reward each sample carried before the teacher ran
   (``metadata["task_reward"]``, set by the agent loop), else 0.0: with pure OPD they are all zero.
   The teacher term itself enters the advantages in the trainer (``apply_opd_kl_to_advantages``).
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 
 from slime.utils import http_utils
@@ -143,6 +149,17 @@ def extract_teacher_top_logprobs(reply: dict, response_length: int, k: int) -> d
     return {"ids": ids, "logprobs": logprobs}
 
 
+def _check_finite(args, sample: Sample, what: str, rows) -> None:
+    """Raise naming the sample, the teacher and the first bad response position if ``rows`` hold NaN / inf."""
+    for position, row in enumerate(rows):
+        bad = [v for v in (row if isinstance(row, list) else [row]) if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"OPD teacher at {getattr(args, 'rm_url', None)} returned a non-finite {what} "
+                             f"({bad[0]}) for sample {sample.index} at response position {position}; refusing "
+                             "to train on it (a broken teacher checkpoint or dtype? an --opd-teacher-top-k "
+                             "larger than the tokens the teacher gives mass to?)")
+
+
 def post_process_rewards(args, samples, **kwargs):
     """Store ``teacher_log_probs`` on every sample and return ``(raw_rewards, rewards)``.
 
@@ -157,11 +174,14 @@ def post_process_rewards(args, samples, **kwargs):
             s.teacher_log_probs = list(own) if own is not None and len(own) == s.response_length \
                 else [0.0] * s.response_length
         elif isinstance(reply, dict) and "meta_info" in reply:
-            s.teacher_log_probs = extract_teacher_log_probs(reply, s.response_length)
+            teacher_log_probs = extract_teacher_log_probs(reply, s.response_length)
+            _check_finite(args, s, "log-prob", teacher_log_probs)
+            s.teacher_log_probs = teacher_log_probs
             if teacher_top_k(args):
                 s.metadata = dict(s.metadata or {})
-                s.metadata["teacher_topk"] = extract_teacher_top_logprobs(reply, s.response_length,
-                                                                          teacher_top_k(args))
+                topk = extract_teacher_top_logprobs(reply, s.response_length, teacher_top_k(args))
+                _check_finite(args, s, "top-k log-prob", topk["logprobs"])
+                s.metadata["teacher_topk"] = topk
         elif s.teacher_log_probs is None or len(s.teacher_log_probs) != s.response_length:
             raise ValueError(f"sample {s.index}: sample.reward holds no teacher reply ({type(reply).__name__}); "
                              "was --custom-rm-path slime.rollout.on_policy_distillation.reward_func run?")

@@ -11,6 +11,8 @@ Every rejection raises ``ValueError`` whose message names the flag and the fix.
 
 from __future__ import annotations
 
+import math
+
 # The rollout function that attaches each step's episode plan; the default one does not (see tcod.py).
 TCOD_ROLLOUT_FUNCTION_PATH = "slime.rollout.tcod.generate_rollout"
 DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
@@ -24,6 +26,9 @@ def add_multi_turn_arguments(parser):
     g.add_argument("--rollout-interaction-env-path", type=str, default=None,
                    help="the environment: a module exposing build_env(sample, args) (upstream's contract) "
                         "or the dotted path of a factory make_env(args, sample)")
+    g.add_argument("--env-step-timeout", type=float, default=300.0,
+                   help="seconds one environment call (build, reset, step, close) may take; a call that "
+                        "takes longer ends its episode as failed and the run goes on")
     return parser
 
 
@@ -61,6 +66,9 @@ def validate_multi_turn_tcod_args(args) -> None:
 
     for name in ("max_turns", "max_turn_response_len"):
         _positive(args, name)
+    timeout = flag("env_step_timeout")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):  # NaN fails both
+        raise ValueError(f"--env-step-timeout must be a finite number of seconds > 0, got {timeout}")
     if flag("max_turn_response_len") is None and flag("rollout_max_response_len") is not None:
         args.max_turn_response_len = args.rollout_max_response_len
     if flag("max_turns") is not None and not flag("rollout_interaction_env_path"):
