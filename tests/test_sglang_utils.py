@@ -41,6 +41,26 @@ def test_hf_engine_command_from_args():
     assert "--disable-radix-cache" not in cmd  # the prefix cache is on unless asked otherwise
 
 
+def test_trust_remote_code_is_opt_in():
+    assert "--trust-remote-code" not in build_engine_command(_args("--rollout-backend", "sglang"), port=1)
+    cmd = build_engine_command(_args("--rollout-backend", "sglang", "--trust-remote-code"), port=1)
+    assert "--trust-remote-code" in cmd
+
+
+@pytest.mark.parametrize("extra,trusted", [((), False), (("--trust-remote-code",), True)])
+def test_trust_remote_code_reaches_the_agent_loop_tokenizer(monkeypatch, extra, trusted):
+    import transformers
+
+    from slime.rollout import multi_turn
+
+    seen = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path, **kw: seen.append(kw["trust_remote_code"]) or object())
+    monkeypatch.setattr(multi_turn, "_TOKENIZERS", {})
+    multi_turn.get_tokenizer(_args(*extra))
+    assert seen == [trusted]
+
+
 @pytest.mark.parametrize("backend", ["hf_engine", "sglang"])
 def test_disable_radix_cache_reaches_both_engines(backend):
     args = _args("--rollout-backend", backend, "--sglang-disable-radix-cache")

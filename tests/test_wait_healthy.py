@@ -1,11 +1,15 @@
-"""The shell scripts' wait for a background engine: healthy -> 0, dead process -> 1 at once."""
+"""The shell scripts' wait for a background engine: healthy -> 0, dead process -> 1 at once, and a port held
+by another server is never taken for ours (here and in the launcher's own wait)."""
 
 import os
 import subprocess
 import sys
 
-from _engine_helpers import start_hf_engine
-from slime.backends.sglang_utils.launcher import find_free_port
+import pytest
+from aiohttp import web
+
+from _engine_helpers import ThreadedApp, start_hf_engine
+from slime.backends.sglang_utils.launcher import EngineLaunchError, EngineProcess, find_free_port
 from slime.backends.sglang_utils.wait_healthy import main
 from slime.utils.tiny_models import save_tiny_checkpoint
 
@@ -24,3 +28,60 @@ def test_returns_one_when_the_server_process_is_gone():
     dead.wait()
     # A wait that ignored the dead process would sit out the whole timeout (and trip pytest's own).
     assert main(["--port", str(find_free_port()), "--pid", str(dead.pid), "--timeout", "900"]) == 1
+
+
+async def _ok(request):
+    return web.Response(text="ok")
+
+
+def _healthy_stub():
+    """Another server holding a port and answering health checks (in this process)."""
+    app = web.Application()
+    app.router.add_get("/health_generate", _ok)
+    return ThreadedApp(app)
+
+
+# A server that loads for a moment, then cannot bind its port (it is taken) and exits, as SGLang does.
+BIND_LATE = "import socket, sys, time; time.sleep({delay}); socket.socket().bind(('127.0.0.1', int(sys.argv[1])))"
+
+
+def test_a_busy_port_is_not_mistaken_for_our_server(capsys):
+    stub = _healthy_stub()
+    server = subprocess.Popen([sys.executable, "-c", BIND_LATE.format(delay=1.0), str(stub.port)],
+                              stderr=subprocess.DEVNULL)
+    try:
+        # Before the fix: 0 at the first poll, while the new server was still loading.
+        assert main(["--port", str(stub.port), "--pid", str(server.pid), "--timeout", "60"]) == 1
+        assert server.wait(10) != 0  # it died with EADDRINUSE
+    finally:
+        server.kill()
+        stub.stop()
+    err = capsys.readouterr().err
+    assert f"server process {server.pid} exited" in err and "answered by another process" in err
+
+
+def test_a_live_server_behind_a_busy_port_times_out_naming_it(capsys):
+    stub = _healthy_stub()
+    loading = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert main(["--port", str(stub.port), "--pid", str(loading.pid), "--timeout", "1.5"]) == 1
+    finally:
+        loading.kill()
+        loading.wait()
+        stub.stop()
+    assert f"port {stub.port} is held by another process" in capsys.readouterr().err
+
+
+def test_the_launcher_reports_a_busy_port_with_the_exit_code(tmp_path):
+    stub = _healthy_stub()
+    cmd = [sys.executable, "-c", BIND_LATE.format(delay=0.5), str(stub.port)]
+    engine = EngineProcess(cmd, host="127.0.0.1", port=stub.port, log_path=tmp_path / "engine.log")
+    try:
+        with pytest.raises(EngineLaunchError) as err:
+            engine.wait_healthy(timeout=60, poll=0.1)
+    finally:
+        engine.stop()
+        stub.stop()
+    message = str(err.value)
+    assert "exited with code 1" in message and f"port {stub.port} is answered by another process" in message
+    assert "Address already in use" in message  # the server's own log line is quoted

@@ -99,6 +99,9 @@ def add_rollout_arguments(parser):
     g.add_argument("--custom-generate-function-path", type=str, default=None)
     g.add_argument("--rollout-function-path", type=str, default="slime.rollout.sglang_rollout.generate_rollout")
     g.add_argument("--rollout-concurrency", type=int, default=64, help="samples generated at once")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="run code shipped with the checkpoint: passed to SGLang servers and to the agent "
+                        "loop's HF tokenizer loader (off: such checkpoints fail to load instead)")
     return parser
 
 

@@ -31,6 +31,9 @@ def parse_args(argv=None):
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="SGLang's name: turn the prefix cache off (every request is prefilled from scratch)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process is gone (the launcher passes its own pid, so an engine never "
+                        "outlives its run); without it the server runs until stopped")
     # One thread unless told otherwise: on a small shared CPU box (the demo runs trainer, policy engine
     # and teacher engine on 2 cores) torch's default spins OpenMP threads against the other processes;
     # measured there, the agent loop ran 7x slower with 2 threads than with 1 (docs/en/benchmarks.md).
@@ -64,6 +67,10 @@ def build(args):
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s hf_engine %(levelname)s %(message)s")
+    if args.parent_pid is not None:  # before the model loads: a parent may die during a long load too
+        from slime.backends.sglang_utils.processes import watch_parent
+
+        watch_parent(args.parent_pid)
     app = build(args)
     logging.getLogger("hf_engine").info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)

@@ -5,6 +5,11 @@ generate, and stop it cleanly.
 ``python -m slime.backends.hf_engine`` (CPU, tests). Both speak the same HTTP protocol, so the rest of
 the code only ever sees a base URL. The server's output goes to a log file whose tail is quoted when
 the server dies or never becomes healthy.
+
+A started server dies with the process that started it, however that one dies (``processes.py``):
+the kernel kills it (Linux, PR_SET_PDEATHSIG), and the hf_engine also watches ``--parent-pid`` itself.
+A health answer counts only when it comes from the started server's own socket, so a busy port is
+reported as the server's death (EADDRINUSE in its log), not as a healthy engine.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from slime.backends.sglang_utils.processes import die_with_parent_preexec, port_listener_is
 
 
 class EngineLaunchError(RuntimeError):
@@ -38,8 +45,9 @@ def build_sglang_command(args, *, model_path: str | None = None, host: str | Non
            "--host", host or args.engine_host,
            "--port", str(port),
            "--tp-size", str(args.rollout_num_gpus_per_engine),
-           "--random-seed", str(args.seed),
-           "--trust-remote-code"]
+           "--random-seed", str(args.seed)]
+    if getattr(args, "trust_remote_code", False):  # runs code shipped with the checkpoint: opt-in only
+        cmd += ["--trust-remote-code"]
     if getattr(args, "sglang_mem_fraction_static", None) is not None:
         cmd += ["--mem-fraction-static", str(args.sglang_mem_fraction_static)]
     if base_gpu_id is not None:
@@ -57,7 +65,8 @@ def build_hf_engine_command(args, *, model_path: str | None = None, host: str | 
            "--model-path", str(model_path or args.hf_checkpoint),
            "--host", host or args.engine_host,
            "--port", str(port),
-           "--random-seed", str(args.seed)]
+           "--random-seed", str(args.seed),
+           "--parent-pid", str(os.getpid())]  # its watchdog exits when this process is gone
     batch = max_batch_size or getattr(args, "rollout_concurrency", None)
     if batch:
         cmd += ["--max-batch-size", str(batch)]
@@ -97,9 +106,10 @@ class EngineProcess:
         # The hf_engine child must import this very package, installed or not.
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        # A new session, so stop() can signal the server and any children it spawned (SGLang has several).
+        # A new session, so stop() can signal the server and any children it spawned (SGLang has several);
+        # the session does not shield it from our death: PR_SET_PDEATHSIG is armed in the child.
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent_preexec())
 
     @property
     def url(self) -> str:
@@ -109,24 +119,30 @@ class EngineProcess:
         return _tail(self.log_path, lines)
 
     def wait_healthy(self, timeout: float = 300.0, poll: float = 0.25) -> "EngineProcess":
-        """Block until GET /health_generate answers 200; raise EngineLaunchError otherwise."""
+        """Block until GET /health_generate answers 200 from this server; raise EngineLaunchError otherwise."""
         deadline = time.monotonic() + timeout
+        foreign = False  # the port answered, but from another process's socket
         while True:
             code = self.process.poll()
             if code is not None:
-                raise EngineLaunchError(f"engine server exited with code {code} before becoming healthy "
+                hint = (f"; port {self.port} is answered by another process, so this server probably could "
+                        "not bind it") if foreign else ""
+                raise EngineLaunchError(f"engine server exited with code {code} before becoming healthy{hint} "
                                         f"({' '.join(self.cmd)}); last log lines of {self.log_path}:\n"
                                         f"{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health_generate", timeout=max(poll, 5.0)) as resp:
-                    if resp.status == 200:
+                    ours = port_listener_is(self.port, self.process.pid) is not False
+                    foreign = foreign or not ours
+                    if resp.status == 200 and ours and self.process.poll() is None:
                         return self
             except (urllib.error.URLError, OSError):
                 pass  # not listening yet, or not ready
             if time.monotonic() >= deadline:
                 tail = self.log_tail()
                 self.stop()
-                raise EngineLaunchError(f"engine server at {self.url} was not healthy after {timeout:g}s "
+                busy = f" (port {self.port} is held by another process)" if foreign else ""
+                raise EngineLaunchError(f"engine server at {self.url} was not healthy after {timeout:g}s{busy} "
                                         f"({' '.join(self.cmd)}); last log lines of {self.log_path}:\n{tail}")
             time.sleep(poll)
 
