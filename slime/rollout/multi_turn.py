@@ -318,8 +318,8 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     ep = _Episode(args, sample, tokenizer, evaluation)
     env, close_bound, close_timeout = None, ep.env_timeout, None
     try:
-        env = await _env_call(ep.env_timeout, f"environment {args.rollout_interaction_env_path}: build",
-                              build_interaction_env, args, sample)
+        path = getattr(args, "rollout_interaction_env_path", None)  # build_interaction_env says if it is unset
+        env = await _env_call(ep.env_timeout, f"environment {path}: build", build_interaction_env, args, sample)
         outcome = await _play(ep, env, plan, sampling_params)
     except EnvironmentFault as err:
         outcome = _fail(sample, err)
