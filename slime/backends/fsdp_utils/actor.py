@@ -12,6 +12,9 @@ never need to stay on one rank) and makes 1 and N processes give the same number
 FSDP2 averages gradients over ranks. Each micro-batch loss is already its share of the GLOBAL step
 loss (``losses``), so it is multiplied by the world size before ``backward`` to turn that average
 back into the sum.
+
+Non-finite values (teacher log-probs, rewards, advantages, losses, gradient norms) stop the step with a
+``guards.NonFiniteError`` before any ``optimizer.step()``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from slime.backends.fsdp_utils import checkpoint, data_plan, forward, losses, model_io
+from slime.backends.fsdp_utils import checkpoint, data_plan, forward, guards, losses, model_io
 from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, token_mean_and_seq_sum
 from slime.backends.fsdp_utils.gather import all_gather_per_sample, sum_across_ranks
-from slime.utils import opd_kl
+from slime.utils import opd_kl, teacher_vocab
 from slime.utils.types import Sample
 
 
@@ -96,6 +99,9 @@ class FSDPActor:
         if model.config.vocab_size != self.vocab_size:
             raise ValueError(f"{flag} {path!r} has vocab_size {model.config.vocab_size} but the policy has "
                              f"{self.vocab_size}: it must share the policy's tokenizer to score its tokens")
+        # Same size is not enough: a permuted tokenizer would score other tokens than the policy sampled.
+        teacher_vocab.check_local_vocab(self.args.hf_checkpoint, path, flag,
+                                        policy_vocab=self.tokenizer.get_vocab() if self.tokenizer else None)
         return model_io.shard(model_io.frozen(model), self.mesh, model_io.decoder_layers(model))
 
     # ------------------------------------------------------------------ scoring
@@ -224,10 +230,14 @@ class FSDPActor:
         t0 = time.perf_counter()
         if not self.sft:
             scores = self._score_rollout(samples, owners, n_steps)
-            data = RolloutTensors(rewards=[s.get_reward_value(args) for s in samples], loss_masks=masks,
+            rewards = [s.get_reward_value(args) for s in samples]
+            self._check_rollout_inputs(rollout_id, samples, scores, rewards)
+            data = RolloutTensors(rewards=rewards, loss_masks=masks,
                                   old_log_probs=scores["old"], ref_log_probs=scores.get("ref"),
                                   teacher_log_probs=scores.get("teacher"), values=scores.get("values"))
             result = compute_advantages(args, data, kl_coef)
+            guards.check_per_sample(result.advantages, "advantage", samples, rollout_id)
+            guards.check_per_sample(result.returns, "value target (return)", samples, rollout_id)
             per_sample = {"old": data.old_log_probs, "ref": data.ref_log_probs, "adv": result.advantages,
                           "values": data.values, "returns": result.returns}
             rollout_metrics.update(self._rollout_kl_metrics(data, result, masks))
@@ -237,7 +247,8 @@ class FSDPActor:
         # Sub-timings of this rank (rank 0's are reported): log-prob recomputation (old/ref/teacher/values
         # forwards plus advantages) against the optimiser updates, so a step-time breakdown can split them.
         t1 = time.perf_counter()
-        per_step = [self._train_step(samples, step, masks, per_sample) for step in steps]
+        per_step = [self._train_step(samples, step, masks, per_sample, rollout_id, n)
+                    for n, step in enumerate(steps)]
         rollout_metrics["time/train_logprobs"] = t1 - t0
         rollout_metrics["time/train_update"] = time.perf_counter() - t1
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
@@ -245,6 +256,23 @@ class FSDPActor:
         metrics["train/num_steps"] = float(len(per_step))
         metrics["per_step"] = per_step
         return metrics
+
+    def _check_rollout_inputs(self, rollout_id, samples, scores, rewards) -> None:
+        """Every scored input of the advantages must be finite; the error names its source and sample."""
+        server = self.args.use_opd and self.args.opd_type == "sglang"
+        sources = {
+            "teacher": "teacher reply (server teacher log-probs from --rm-url)" if server
+            else "in-trainer teacher log-probs (--opd-teacher-load)",
+            "exact_kl": "whole-distribution OPD KL (teacher reply top-k log-probs)" if server
+            else "whole-distribution OPD KL (in-trainer teacher)",
+            "old": "rollout log-probs (--use-rollout-logprobs)" if self.args.use_rollout_logprobs
+            else "policy log-probs",
+            "ref": "reference log-probs (--ref-load)",
+            "values": "critic values",
+        }
+        for key, source in sources.items():
+            guards.check_per_sample(scores.get(key), source, samples, rollout_id)
+        guards.check_rewards(rewards, samples, rollout_id)
 
     def _rollout_kl_metrics(self, data, result, masks) -> dict:
         trained = [a[m > 0] for a, m in zip(result.advantages, masks)]
@@ -269,7 +297,8 @@ class FSDPActor:
         return {name: token_mean, f"{name}_seq_sum": seq_sum,
                 "per_sample_opd_exact_kl": [kl.tolist() for kl in exact_kl]}
 
-    def _train_step(self, samples, step: data_plan.StepPlan, masks, per_sample) -> dict:
+    def _train_step(self, samples, step: data_plan.StepPlan, masks, per_sample, rollout_id: int = 0,
+                    step_no: int = 0) -> dict:
         args = self.args
         step_masks = [masks[i] for i in step.global_indices]
         agg = losses.make_aggregator(args, step_masks)
@@ -320,20 +349,32 @@ class FSDPActor:
             (["kl_loss"] if args.use_kl_loss else []) + (["opd/full_kl_loss"] if self.full_opd else []) + \
             (["critic/value_loss", "critic/value_clipfrac"] if self.critic is not None else [])
         metrics = sum_across_ranks({k: sums.get(k, 0.0) for k in keys}, self.device)
-        metrics["grad_norm"] = self._step_optimizer(self.model, self.optimizer)
+        pairs = [(self.model, self.optimizer, "grad_norm")]
         if self.critic is not None:
-            metrics["critic/grad_norm"] = self._step_optimizer(self.critic, self.critic_optimizer)
+            pairs.append((self.critic, self.critic_optimizer, "critic/grad_norm"))
+        try:
+            # Both checks before either optimizer steps: a NaN critic must not leave a half-updated pair.
+            guards.check_step(metrics, rollout_id, step_no, "loss")
+            norms = {name: self._clip_grads(model) for model, _, name in pairs}
+            guards.check_step(norms, rollout_id, step_no, "gradient norm")
+        except guards.NonFiniteError:
+            for _, optimizer, _ in pairs:  # a caller that goes on must not add to these gradients
+                optimizer.zero_grad(set_to_none=True)
+            raise
+        for _, optimizer, _ in pairs:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        metrics.update(norms)
         self.optimizer_steps += 1
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/tokens"] = float(sum(float(m.sum()) for m in step_masks))
         return metrics
 
-    def _step_optimizer(self, model, optimizer) -> float:
+    def _clip_grads(self, model) -> float:
+        """Clip to ``--clip-grad`` (0 = off) and return the global norm (the same on every rank)."""
         max_norm = self.args.clip_grad if self.args.clip_grad and self.args.clip_grad > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
     # ------------------------------------------------------------------ checkpoints
