@@ -99,3 +99,20 @@ def test_loading_a_checkpoint_without_a_critic_into_ppo_fails_clearly(ckpts, tmp
         FSDPActor(_ppo_args(ckpts), 0, 1).load(str(tmp_path / "sft"))
     with pytest.raises(FileNotFoundError, match="trainer_meta.json"):
         FSDPActor(make_args(ckpts["student"], "--loss-type", "sft_loss"), 0, 1).load(str(tmp_path))
+
+
+def test_truncated_trainer_files_are_named(ckpts, tmp_path):
+    import shutil
+
+    from slime.utils.checkpoint_files import CheckpointError
+
+    args = make_args(ckpts["student"], "--loss-type", "sft_loss")
+    FSDPActor(args, 0, 1).save(str(tmp_path / "good"))
+    actor = FSDPActor(args, 0, 1)
+    for name in ("trainer_meta.json", "optimizer/state.safetensors", "optimizer/meta.json", "hf/model.safetensors"):
+        folder = tmp_path / name.replace("/", "_")
+        shutil.copytree(tmp_path / "good", folder)
+        target = folder / name
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+        with pytest.raises(CheckpointError, match=f"{target}: .*truncated or corrupt"):
+            actor.load(str(folder))

@@ -6,24 +6,37 @@ Layout of ``{save}/iter_{rollout_id:07d}/``:
 * ``trainer_state.json``   rollout id, data-source position, KL-controller state, python/numpy RNG
 * ``rng.safetensors``      torch RNG state of the driver
 
+* ``checksums.json``      size and sha256 of every file above, written last (``checkpoint_files``)
+
 Everything is first written to ``iter_X.tmp`` and renamed when complete, so a crash never leaves a
 half-written checkpoint that ``--load`` would pick up. ``latest_checkpointed_iteration.txt`` (the
 Megatron/slime convention) names the newest complete one.
+
+``--load ROOT`` verifies the checksums of the newest iteration and, if a file is corrupt, warns naming
+it and falls back to the newest intact older iteration (an error if none is intact). ``--load
+ROOT/iter_X`` asks for that iteration only: a corrupt file there is an error. Iterations written before
+checksums existed load with a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+
+from slime.utils.checkpoint_files import CheckpointError, read_json, read_safetensors, verify_manifest, write_manifest
 
 LATEST = "latest_checkpointed_iteration.txt"
+_ITER = re.compile(r"iter_(\d{7})$")
+logger = logging.getLogger(__name__)
 
 
 def iteration_dir(root, rollout_id: int) -> Path:
@@ -65,6 +78,7 @@ def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controlle
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    write_manifest(tmp)  # last: a folder with a manifest is complete, and --load can verify every file
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -74,28 +88,67 @@ def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controlle
     return final
 
 
-def find_checkpoint(load) -> Path:
-    """The checkpoint folder ``--load`` points at: an ``iter_*`` folder or a root with the latest file."""
-    path = Path(load)
-    if (path / "trainer_state.json").exists():
-        return path
-    latest = path / LATEST
-    if not latest.exists():
-        raise FileNotFoundError(f"--load {load}: neither a checkpoint folder (trainer_state.json) nor a "
-                                f"save root with {LATEST}")
-    found = iteration_dir(path, int(latest.read_text().strip()))
-    if not (found / "trainer_state.json").exists():
-        raise FileNotFoundError(f"--load {load}: {LATEST} names {found.name}, which is incomplete or missing")
+def _candidates(root: Path) -> list[Path]:
+    """Iteration folders of a save root, newest first; the one ``LATEST`` names leads."""
+    found = sorted((p for p in root.iterdir() if p.is_dir() and _ITER.match(p.name)), reverse=True)
+    latest = root / LATEST
+    if latest.exists():
+        named = iteration_dir(root, int(latest.read_text().strip()))
+        found = [named] + [p for p in found if p != named]
     return found
 
 
-def load_checkpoint(load, *, trainer, data_source, kl_controller) -> dict:
-    """Restore trainer, data position, KL controller and RNG; returns the saved state dict."""
-    folder = find_checkpoint(load)
-    state = json.loads((folder / "trainer_state.json").read_text())
+def _verified(folder: Path) -> Path:
+    """``folder`` if its checksums match; a checkpoint without a manifest passes with a warning."""
+    if not (folder / "trainer_state.json").exists():
+        raise CheckpointError(f"{folder}: incomplete or missing (no trainer_state.json)")
+    if not verify_manifest(folder):
+        logger.warning("%s has no checksums (written before they were recorded): loading it unverified", folder)
+    return folder
+
+
+def find_checkpoint(load, verify: bool = True) -> Path:
+    """The checkpoint folder ``--load`` points at: an ``iter_*`` folder, or the newest intact one of a root.
+
+    With ``verify`` every file is checked against the checkpoint's checksums (see the module docstring for
+    the fall-back). Raises :class:`CheckpointError` (a ``RuntimeError``) naming the bad file.
+    """
+    path = Path(load)
+    check = _verified if verify else (lambda folder: folder)
+    if (path / "trainer_state.json").exists():
+        try:
+            return check(path)
+        except CheckpointError as err:
+            raise CheckpointError(f"--load {load}: {err}. Pass the save root instead of one iteration to fall "
+                                  "back to the newest intact iteration") from None
+    if not path.is_dir() or not (_candidates(path) or (path / LATEST).exists()):
+        raise CheckpointError(f"--load {load}: neither a checkpoint folder (trainer_state.json) nor a "
+                              f"save root with {LATEST} or iter_* folders")
+    problems = []
+    for folder in _candidates(path):
+        try:
+            found = check(folder)
+        except CheckpointError as err:
+            problems.append(str(err))
+            logger.warning("--load %s: skipping %s: %s", load, folder.name, err)
+            continue
+        if problems:
+            logger.warning("--load %s: falling back to %s, the newest intact iteration", load, found.name)
+        return found
+    raise CheckpointError(f"--load {load}: no intact checkpoint: " + "; ".join(problems))
+
+
+def load_checkpoint(load, *, trainer, data_source, kl_controller, verify: bool = True) -> dict:
+    """Restore trainer, data position, KL controller and RNG; returns the saved state dict.
+
+    ``verify=False`` when ``load`` is a folder :func:`find_checkpoint` has already verified (train.py
+    does that before anything starts, so the engines and the trainer load the same iteration).
+    """
+    folder = find_checkpoint(load, verify=verify)
+    state = read_json(folder / "trainer_state.json")
     trainer.load(str(folder / "model"))
     data_source.load_state_dict(state["data_source"])
     kl_controller.load_state_dict(state["kl_controller"])
-    _set_rng_state(state["rng"], load_file(str(folder / "rng.safetensors")))
+    _set_rng_state(state["rng"], read_safetensors(folder / "rng.safetensors"))
     state["folder"] = str(folder)
     return state

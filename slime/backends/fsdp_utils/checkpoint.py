@@ -11,7 +11,9 @@ Layout of the folder the driver hands over (``{save}/iter_XXXXXXX/model/`` in tr
     trainer_meta.json           format version, world size, optimizer step count
 
 State dicts are keyed by parameter names, not by rank, so a checkpoint written by N processes loads
-into M. Gathering is a collective (all ranks call save); only rank 0 writes shared files.
+into M. Gathering is a collective (all ranks call save); only rank 0 writes shared files. Every file is
+read through ``checkpoint_files`` so a truncated or corrupt one fails with its path named (the driver's
+checksums, ``slime/utils/checkpoint.py``, normally catch it before loading starts).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import shutil
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from slime.backends.fsdp_utils import model_io
+from slime.utils.checkpoint_files import read_json, read_safetensors
 
 FORMAT_VERSION = 1
 
@@ -46,9 +49,8 @@ def save_optimizer_state(state: dict, folder: str) -> None:
 
 
 def load_optimizer_state(folder: str) -> dict:
-    tensors = load_file(os.path.join(folder, "state.safetensors"))
-    with open(os.path.join(folder, "meta.json"), encoding="utf-8") as handle:
-        meta = json.load(handle)
+    tensors = read_safetensors(os.path.join(folder, "state.safetensors"))
+    meta = read_json(os.path.join(folder, "meta.json"))
     state: dict[str, dict] = {}
     for key, value in list(tensors.items()) + list(meta["scalars"].items()):
         fqn, name = key.rsplit("/", 1)
@@ -125,7 +127,7 @@ def _read_weights(folder: str, skip: tuple[str, ...] = ()) -> dict[str, torch.Te
     state = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".safetensors") and name not in skip:
-            state.update(load_file(os.path.join(folder, name)))
+            state.update(read_safetensors(os.path.join(folder, name)))
     return state
 
 
@@ -137,8 +139,7 @@ def load(actor, path: str) -> None:
     meta_file = os.path.join(path, "trainer_meta.json")
     if not os.path.isfile(meta_file):
         raise FileNotFoundError(f"{path!r} is not a trainer checkpoint: trainer_meta.json is missing")
-    with open(meta_file, encoding="utf-8") as handle:
-        meta = json.load(handle)
+    meta = read_json(meta_file)
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{meta_file}: format_version {meta.get('format_version')}, expected {FORMAT_VERSION}")
     if meta["has_critic"] != (actor.critic is not None):
@@ -152,14 +153,14 @@ def load(actor, path: str) -> None:
 
         folder = os.path.join(path, "critic")
         state = {f"backbone.{k}": v for k, v in _read_weights(folder, skip=(VALUE_HEAD_FILE,)).items()}
-        state.update({f"value_head.{k}": v for k, v in load_file(os.path.join(folder, VALUE_HEAD_FILE)).items()})
+        state.update({f"value_head.{k}": v for k, v in read_safetensors(os.path.join(folder, VALUE_HEAD_FILE)).items()})
         model_io.load_full_model_state(actor.critic, state)
         model_io.load_full_optimizer_state(actor.critic, actor.critic_optimizer,
                                            load_optimizer_state(os.path.join(path, "critic_optimizer")))
     actor.optimizer_steps = int(meta["optimizer_steps"])
     rng_file = os.path.join(path, "rng", f"rank_{_rank()}.safetensors")
     if os.path.isfile(rng_file):  # absent when resuming on more ranks than were saved
-        rng = load_file(rng_file)
+        rng = read_safetensors(rng_file)
         torch.set_rng_state(rng["torch_cpu"])
         if "torch_cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["torch_cuda"])

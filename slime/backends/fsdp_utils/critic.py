@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from slime.backends.fsdp_utils.model_io import validate_hf_folder
+from slime.utils.checkpoint_files import read_safetensors
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -53,7 +54,7 @@ def load_value_model(path: str, flag: str = "--critic-load") -> ValueModel:
     critic = ValueModel(backbone)
     head_file = os.path.join(path, VALUE_HEAD_FILE)
     if os.path.isfile(head_file):
-        critic.value_head.load_state_dict(load_file(head_file))
+        critic.value_head.load_state_dict(read_safetensors(head_file))
     return critic
 
 
