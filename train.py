@@ -3,20 +3,25 @@
     python train.py --hf-checkpoint MODEL --prompt-data data.jsonl --num-rollout 10 ... [--dry-run]
 
 Each step n: rollout (generate, teacher scoring / rewards) -> train (log-probs, advantages, OPD term,
-PPO update) -> KL-controller update -> checkpoint on schedule -> push weights to the engines, so
-rollouts of step n+1 use the weights of step n.
+PPO update) -> KL-controller update -> push weights to the engines (rollouts of step n+1 use the
+weights of step n) -> evaluation when due -> metrics row -> checkpoint on schedule. The row is written
+before the checkpoint, so a checkpoint of step n always has its row; on resume, rows after the
+checkpoint are dropped (MetricsLogger) and those steps run again. Inputs are checked before Ray or any
+engine starts (``slime.utils.preflight``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from slime.utils.arguments import parse_args
+from slime.utils.arguments import ArgumentError, parse_args
 from slime.utils.plan import print_plan
 
 
@@ -50,61 +55,80 @@ def _update_kl_controller(args, kl_ctrl, train_stats: dict, n_samples: int) -> d
     return kl_ctrl.update(observed, n_steps=max(1, n_samples))
 
 
+@contextlib.contextmanager
+def weight_sync_dir(args):
+    """Where the policy is exported for the engines: ``{save}/weight_sync``, or without ``--save`` a temporary
+    folder removed at exit however the run ends (it holds a full policy copy)."""
+    if args.save:
+        yield Path(args.save) / "weight_sync"
+        return
+    root = tempfile.mkdtemp(prefix="slime-sync-")
+    try:
+        yield Path(root) / "weight_sync"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv=argv)
     if args.dry_run:
         print_plan(args)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from slime.utils.preflight import preflight
+
+    try:
+        inputs = preflight(args)
+    except ArgumentError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    if inputs.load_folder is not None:
+        # Engines start on the restored policy, so rollouts of the next step use the checkpoint's weights.
+        args.rollout_model_path = str(inputs.load_folder / "model" / "hf")
+    _init_ray(args)
+    with weight_sync_dir(args) as sync_dir:
+        _run(args, inputs, sync_dir)
+    return 0
+
+
+def _run(args, inputs, sync_dir: Path) -> None:
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
     from slime.ray.actor_group import TrainerGroup
     from slime.ray.rollout import RolloutManager
     from slime.utils import debug_rollout_data
-    from slime.utils.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+    from slime.utils.checkpoint import load_checkpoint, save_checkpoint
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
     from slime.utils.step_metrics import rollout_metrics
 
-    if args.num_rollout is None:
-        raise SystemExit("train.py: --num-rollout is required (number of rollout/train steps)")
-    _init_ray(args)
-    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-    if args.use_opd and args.opd_type == "sglang":
-        from slime.utils.teacher_vocab import check_teacher_vocab
-        from slime.rollout.sglang_rollout import run_async
-
-        run_async(check_teacher_vocab(args, tokenizer))
-
-    if args.load:
-        # Engines start on the restored policy, so rollouts of the next step use the checkpoint's weights.
-        args.rollout_model_path = str(find_checkpoint(args.load) / "model" / "hf")
     kl_ctrl = build_kl_controller(args)
     trainer = None
     start = 0
     # Engine processes load while the trainer group starts; we wait for them after.
-    rollout_manager = RolloutManager(args, tokenizer)
+    rollout_manager = RolloutManager(args, inputs.tokenizer)
     try:
         trainer = TrainerGroup(args)
-        if args.load:
-            state = load_checkpoint(args.load, trainer=trainer, data_source=rollout_manager.data_source,
-                                    kl_controller=kl_ctrl)
+        if inputs.load_folder is not None:
+            state = load_checkpoint(inputs.load_folder, trainer=trainer, data_source=rollout_manager.data_source,
+                                    kl_controller=kl_ctrl, verify=False)  # verified by preflight
             start = state["rollout_id"] + 1
         rollout_manager.wait_engines()
         logger = MetricsLogger(args, resume_step=start if args.load else None)
-        sync_dir = Path(args.save or tempfile.mkdtemp(prefix="slime-sync-")) / "weight_sync"
         last = args.num_rollout - 1
 
         if args.eval_interval and start == 0 and rollout_manager.eval_sets and not args.skip_eval_before_train:
             logger.log(-1, rollout_manager.evaluate(-1))
         bar = tqdm(range(start, args.num_rollout), desc="train", initial=start, total=args.num_rollout,
                    dynamic_ncols=True)
+        # A step's checkpoint is written after its row, so its duration is reported in the next row
+        # ("time/save") and counted in that row's "time/step", which runs from one row to the next.
+        t_step, t_save = time.perf_counter(), 0.0
         for rollout_id in bar:
-            t_step = time.perf_counter()
+            t0 = time.perf_counter()
             samples, groups, select_stats = rollout_manager.generate(rollout_id)
             debug_rollout_data.save(args.save_debug_rollout_data, samples, rollout_id)
-            t_rollout = time.perf_counter() - t_step
+            t_rollout = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             coef_used = kl_ctrl.value
@@ -112,12 +136,6 @@ def main(argv=None) -> int:
             t_train = time.perf_counter() - t0
 
             kl_stats = _update_kl_controller(args, kl_ctrl, train_stats, len(samples))
-
-            t0 = time.perf_counter()
-            if args.save and _due(rollout_id, args.save_interval, last):
-                save_checkpoint(args.save, rollout_id, trainer=trainer, data_source=rollout_manager.data_source,
-                                kl_controller=kl_ctrl)
-            t_save = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             # SFT runs use their engines only to evaluate: push weights just before an evaluation.
@@ -136,15 +154,20 @@ def main(argv=None) -> int:
                        "time/weight_sync": t_sync, "time/step": time.perf_counter() - t_step}
             timings.update(rollout_manager.last_timings())
             metrics.update(timings)
-            logger.log(rollout_id, metrics)
+            logger.log(rollout_id, metrics)  # fsynced: durable before the checkpoint that marks the step done
             bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                              ("rollout/reward", "opd/reverse_kl", "loss", "time/step") if k in metrics})
+
+            t_step = time.perf_counter()
+            if args.save and _due(rollout_id, args.save_interval, last):
+                save_checkpoint(args.save, rollout_id, trainer=trainer, data_source=rollout_manager.data_source,
+                                kl_controller=kl_ctrl)
+            t_save = time.perf_counter() - t_step
         logger.close()
     finally:
         rollout_manager.shutdown()
         if trainer is not None:
             trainer.shutdown()
-    return 0
 
 
 if __name__ == "__main__":

@@ -78,6 +78,37 @@ RULES = [
     (ADAPTIVE + ["--kl-coef-min", "0"], "--kl-coef-min"),
     (ADAPTIVE + ["--kl-coef-min", "2", "--kl-coef-max", "1"], "--kl-coef-max"),
     (ADAPTIVE + ["--kl-coef-min", "0.1"], "--kl-coef"),
+    # non-finite floats (nan <= 0 is False, so range checks alone would pass them)
+    (["--rollout-temperature", "nan"], "--rollout-temperature"),
+    (["--lr", "inf"], "--lr"),
+    (["--eps-clip", "nan"], "--eps-clip"),
+    (["--kl-coef=-inf"], "--kl-coef"),
+    (["--opd-kl-coef", "nan"], "--opd-kl-coef"),
+    (["--clip-grad", "inf"], "--clip-grad"),
+    # signs and ranges that used to fail only after start-up, or silently do nothing
+    (["--num-rollout", "0"], "--num-rollout"),
+    (["--num-rollout", "-3"], "--num-rollout"),
+    (["--num-rollout", "0", "--eval-prompt-data", "x", "y", "--eval-interval", "1", "--skip-eval-before-train"],
+     "--num-rollout"),
+    (["--eps-clip", "-1"], "--eps-clip"),
+    (["--eps-clip", "0"], "--eps-clip"),
+    (["--eps-clip-high", "-0.1"], "--eps-clip-high"),
+    (["--eval-interval", "-1"], "--eval-interval"),
+    (["--eval-interval", "0"], "--eval-interval"),
+    (["--lr", "-1"], "--lr"),
+    (["--critic-lr=-1e-3"], "--critic-lr"),
+    (["--weight-decay", "-0.1"], "--weight-decay"),
+    (["--adam-beta1", "1"], "--adam-beta1"),
+    (["--adam-beta2", "-0.5"], "--adam-beta2"),
+    (["--adam-eps=-1e-8"], "--adam-eps"),
+    (["--gamma", "1.5"], "--gamma"),
+    (["--lambd", "-0.1"], "--lambd"),
+    (["--value-clip", "0"], "--value-clip"),
+    (["--n-samples-per-eval-prompt", "0"], "--n-samples-per-eval-prompt"),
+    (["--rollout-concurrency", "0"], "--rollout-concurrency"),
+    (["--num-steps-per-rollout", "0"], "--num-steps-per-rollout"),
+    (["--rollout-num-gpus-per-engine", "0"], "--rollout-num-gpus-per-engine"),
+    (["--sglang-mem-fraction-static", "1.5"], "--sglang-mem-fraction-static"),
 ]
 
 
@@ -162,3 +193,23 @@ def test_missing_teacher_path_is_reported_as_missing(tmp_path):
 def test_server_teacher_rejects_a_teacher_checkpoint(tmp_path):
     message = rejects(SERVER_OPD + ["--opd-teacher-load", str(tmp_path)], "--opd-teacher-load")
     assert "sglang" in message
+
+
+def test_non_finite_message_says_finite():
+    assert "finite" in rejects(["--rollout-temperature", "nan"], "--rollout-temperature")
+
+
+def test_custom_float_flags_are_checked_for_finiteness(capsys):
+    def add(parser):
+        parser.add_argument("--my-scale", type=float, default=1.0)
+        return parser
+
+    with pytest.raises(SystemExit):
+        parse_args(add, argv=["--my-scale", "nan"])
+    assert "--my-scale must be a finite number" in capsys.readouterr().err
+
+
+def test_evaluation_only_run_may_have_zero_rollouts():
+    # benchmarks/tcod_vs_opd.sh evaluates a checkpoint with --num-rollout 0 (step -1 only).
+    args = validated(["--num-rollout", "0", "--eval-prompt-data", "set", "file.jsonl", "--eval-interval", "1"])
+    assert args.num_rollout == 0
