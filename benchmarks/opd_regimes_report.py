@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 
 from slime.utils.metrics import read_metrics
 
@@ -65,12 +66,50 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def final_eval(path: str) -> float | None:
+    evals = [(r["step"], v) for r in read_metrics(path) for k, v in r.items()
+             if k.startswith("eval/") and k.endswith("/success_rate")]
+    return max(evals)[1] if evals else None
+
+
+def compare(paths: list[str]) -> str:
+    """Runs of the same name over seeds (``.../seedN/NAME/metrics.jsonl``): mean +- std of the final
+    eval success and of the last-quarter exact KL, and a paired t-test (by seed) between two names."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stats
+
+    by_name: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        run_dir = os.path.dirname(os.path.abspath(path))
+        seed = os.path.basename(os.path.dirname(run_dir))
+        by_name.setdefault(os.path.basename(run_dir), {})[seed] = {
+            "eval": final_eval(path), "kl": summarise(path)["exact KL / token (first -> last quarter)"][1]}
+    lines = ["| run | seeds | final eval success, per seed | mean +- std | exact KL / token, last quarter |",
+             "|---|---|---|---|---|"]
+    for name, seeds in by_name.items():
+        evals = [seeds[sd]["eval"] for sd in sorted(seeds)]
+        kls = [seeds[sd]["kl"] for sd in sorted(seeds)]
+        sd_eval = statistics.stdev(evals) if len(evals) > 1 else 0.0
+        sd_kl = statistics.stdev(kls) if len(kls) > 1 else 0.0
+        lines.append(f"| {name} | {len(seeds)} | {', '.join(f'{v:.2f}' for v in evals)} | "
+                     f"{statistics.fmean(evals):.3f} +- {sd_eval:.3f} | {statistics.fmean(kls):.3f} +- {sd_kl:.3f} |")
+    if len(by_name) == 2:
+        (a_name, a), (b_name, b) = by_name.items()
+        common = sorted(set(a) & set(b))
+        for key, label in (("eval", "final eval success"), ("kl", "exact KL")):
+            t, p = stats.paired([a[sd][key] for sd in common], [b[sd][key] for sd in common])
+            lines.append(f"\n{a_name} - {b_name}, {label}: paired t = {t:.2f}, p = {p:.3g} ({len(common)} seeds)")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("metrics", nargs="+")
     parser.add_argument("--md", default=None)
+    parser.add_argument("--by-seed", action="store_true",
+                        help="metrics under .../seedN/NAME/: aggregate each NAME over seeds and test two names")
     args = parser.parse_args(argv)
-    text = table([summarise(p) for p in args.metrics])
+    text = compare(args.metrics) if args.by_seed else table([summarise(p) for p in args.metrics])
     print(text)
     if args.md:
         with open(args.md, "w") as f:
