@@ -67,9 +67,12 @@ def table(summaries: list[dict]) -> str:
 
 
 def final_eval(path: str) -> float | None:
-    evals = [(r["step"], v) for r in read_metrics(path) for k, v in r.items()
+    """The eval success at the run's last step; None while the run is unfinished."""
+    rows = read_metrics(path)
+    last = max((r["step"] for r in rows), default=None)
+    evals = [v for r in rows if r["step"] == last for k, v in r.items()
              if k.startswith("eval/") and k.endswith("/success_rate")]
-    return max(evals)[1] if evals else None
+    return evals[0] if evals else None
 
 
 def compare(paths: list[str]) -> str:
@@ -82,6 +85,8 @@ def compare(paths: list[str]) -> str:
     for path in paths:
         run_dir = os.path.dirname(os.path.abspath(path))
         seed = os.path.basename(os.path.dirname(run_dir))
+        if final_eval(path) is None:
+            continue  # unfinished
         by_name.setdefault(os.path.basename(run_dir), {})[seed] = {
             "eval": final_eval(path), "kl": summarise(path)["exact KL / token (first -> last quarter)"][1]}
     lines = ["| run | seeds | final eval success, per seed | mean +- std | exact KL / token, last quarter |",
