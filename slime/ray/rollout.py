@@ -4,6 +4,12 @@ It starts ``--rollout-backend`` engine servers (the project's hf_engine on CPU, 
 unless slime's router address is given, runs the rollout function for each step, drops samples that
 cannot be trained on (failed episodes, B2F replays that finished the task), and pushes new weights to
 the engines with ``/update_weights_from_disk``.
+
+Behind slime's router (``--sglang-router-ip``) the engines are the router's workers (``GET /workers``),
+asked again at every weight push; a router that lists none stops the run instead of training on while
+the engines keep the old weights. Once the engines are up, their length limits (and the teacher
+server's) are read from ``/server_info`` into ``args.engine_limits``, so requests are cut to fit
+(``engine_info``), and engines that ignore sampling seeds are reported.
 """
 
 from __future__ import annotations
@@ -96,6 +102,51 @@ class RolloutManager:
             engine.wait_healthy(timeout)
         if self.engines:
             logger.info("rollout engines ready: %s", self.args.rollout_engine_urls)
+        if self.needs_engines:
+            from slime.rollout.sglang_rollout import run_async
+
+            run_async(self._read_engine_limits())
+
+    def engine_urls(self) -> list[str]:
+        """Base URLs of the rollout engines: the ones started here, else the router's workers."""
+        if not self.args.sglang_router_ip:
+            return list(self.args.rollout_engine_urls or [])
+        from slime.backends.sglang_utils.engine_info import require_router_workers
+        from slime.rollout.sglang_rollout import run_async
+
+        return run_async(require_router_workers(self.args))
+
+    async def _read_engine_limits(self) -> None:
+        """``args.engine_limits`` from the engines' (and the teacher's) ``/server_info``; warn about seeds."""
+        from slime.backends.sglang_utils import engine_info
+
+        args = self.args
+        urls = await engine_info.require_router_workers(args) if args.sglang_router_ip \
+            else list(args.rollout_engine_urls or [])
+        limits = {}
+        try:
+            rollout = engine_info.combine([await engine_info.read_limits(url, args.hf_checkpoint) for url in urls])
+        except (RuntimeError, OSError) as err:  # HTTPRequestError is a RuntimeError
+            logger.warning("could not read the rollout engines' limits (%s): requests are not cut to their "
+                           "context, and an over-long one fails with HTTP 400", err)
+        else:
+            limits["rollout"] = rollout.as_dict()
+            engine_info.warn_if_seeds_ignored("rollout engine(s)", urls, rollout)
+        teacher_url = getattr(args, "rm_url", None)
+        if teacher_url and (getattr(args, "opd_type", None) == "sglang"
+                            or getattr(args, "tcod_prefix_source", None) == "teacher"):
+            try:
+                info = await engine_info.get_server_info(teacher_url)
+                folder = info.get("model_path") if isinstance(info.get("model_path"), str) else None
+                teacher = engine_info.limits_from_server_info(info, engine_info.model_context_length(folder))
+            except (RuntimeError, OSError) as err:
+                logger.warning("could not read the teacher server's limits at %s (%s): sequences are not "
+                               "cut to what it can score", teacher_url, err)
+            else:
+                limits["teacher"] = teacher.as_dict()
+        args.engine_limits = limits
+        if limits:
+            logger.info("engine limits: %s", limits)
 
     def update_weights(self, hf_path: str) -> None:
         if not self.needs_engines:
@@ -103,11 +154,15 @@ class RolloutManager:
         from slime.backends.sglang_utils.weights import update_weights_from_disk
         from slime.rollout.sglang_rollout import run_async
 
+        urls = self.engine_urls()
+        if not urls:  # nobody would get the new weights: rollouts would silently go off-policy
+            raise RuntimeError("no rollout engine to push weights to")
+
         async def push_all():
-            await asyncio.gather(*(update_weights_from_disk(url, hf_path)
-                                   for url in self.args.rollout_engine_urls or []))
+            await asyncio.gather(*(update_weights_from_disk(url, hf_path) for url in urls))
 
         run_async(push_all())
+        logger.info("weights from %s pushed to %d engine(s)", hf_path, len(urls))
 
     def shutdown(self):
         for engine in self.engines:
