@@ -5,6 +5,10 @@ unless slime's router address is given, runs the rollout function for each step,
 cannot be trained on (failed episodes, B2F replays that finished the task), and pushes new weights to
 the engines with ``/update_weights_from_disk``.
 
+With ``--rollout-backend sglang`` on a Ray cluster with GPUs, the engines run on GPUs that Ray reserves
+for them (``engine_placement``), so they never share devices with the trainer; elsewhere (the
+hf_engine, a Ray without GPUs) they are child processes of this one.
+
 Behind slime's router (``--sglang-router-ip``) the engines are the router's workers (``GET /workers``),
 asked again at every weight push; a router that lists none stops the run instead of training on while
 the engines keep the old weights. Once the engines are up, their length limits (and the teacher
@@ -75,6 +79,7 @@ class RolloutManager:
                                            apply_chat_template=args.apply_chat_template)
         self.generate_rollout = load_function(args.rollout_function_path)
         self.engines = []
+        self._engine_group = None  # Ray placement group holding the engines' GPUs, when there is one
         # SFT on expert data needs no engine unless it evaluates by playing episodes.
         self.needs_engines = args.loss_type != "sft_loss" or bool(self.eval_sets)
         if self.needs_engines and not args.sglang_router_ip:
@@ -89,6 +94,17 @@ class RolloutManager:
         count = max(1, (args.rollout_num_gpus or 1) // max(1, args.rollout_num_gpus_per_engine))
         model_path = getattr(args, "rollout_model_path", None) or args.hf_checkpoint
         log_dir = Path(os.environ.get("SLIME_ENGINE_LOG_DIR", "/tmp/slime_engines"))
+        if args.rollout_backend == "sglang":
+            from slime.ray import engine_placement
+
+            if engine_placement.ray_gpus():
+                self.engines, self._engine_group = engine_placement.start_engines_in_ray(
+                    args, count, model_path, str(log_dir))
+                args.rollout_engine_urls = [engine.url for engine in self.engines]
+                return
+            logger.warning("Ray reports no GPUs: the SGLang engines are pinned by --base-gpu-id to devices "
+                           "0..%d of this process, which nothing keeps the trainer off",
+                           count * args.rollout_num_gpus_per_engine - 1)
         for i in range(count):
             port = find_free_port(args.engine_host)
             cmd = build_engine_command(args, model_path=model_path, host=args.engine_host, port=port,
@@ -168,6 +184,11 @@ class RolloutManager:
         for engine in self.engines:
             engine.stop()
         self.engines = []
+        if self._engine_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._engine_group)
+            self._engine_group = None
         from slime.rollout.sglang_rollout import run_async
         from slime.utils.http_utils import close_session
 
