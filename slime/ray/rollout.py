@@ -160,6 +160,8 @@ class RolloutManager:
                                "cut to what it can score", teacher_url, err)
             else:
                 limits["teacher"] = teacher.as_dict()
+                if getattr(args, "tcod_prefix_source", None) == "teacher":  # the teacher samples B2F turns
+                    engine_info.warn_if_seeds_ignored("teacher server", [teacher_url], teacher)
         args.engine_limits = limits
         if limits:
             logger.info("engine limits: %s", limits)
