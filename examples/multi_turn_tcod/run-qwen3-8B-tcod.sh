@@ -4,6 +4,9 @@
 #   TCOD_MODE=f2b|b2f  TASK_ENV=scienceworld|alfworld|webshop  NUM_GPUS=8  TEACHER_GPUS=2
 #   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  DATA=/path/train.jsonl  SAVE=/path/ckpt
 # DRY_RUN=1 validates the flags and prints the plan without starting anything (CI runs it that way).
+# GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
+# within them reserves ROLLOUT_GPUS for the SGLang rollout engines and ACTOR_GPUS for the trainer, as
+# disjoint placement groups (slime/ray/engine_placement.py): nothing is pinned by hand inside Ray's set.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "${SCRIPT_DIR}/../.." && pwd)"
@@ -68,10 +71,10 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}"
 fi
 
-# 1. The teacher: an SGLang server on the last TEACHER_GPUS devices, scoring only.
+# 1. The teacher: an SGLang server on the last TEACHER_GPUS devices (outside Ray), scoring only.
 TEACHER_DEVICES=$(seq -s, $(( NUM_GPUS - TEACHER_GPUS )) $(( NUM_GPUS - 1 )))
 CUDA_VISIBLE_DEVICES="${TEACHER_DEVICES}" "${PYTHON}" -m sglang.launch_server --model-path "${TEACHER}" \
-  --host 127.0.0.1 --port "${TEACHER_PORT}" --tp "${TEACHER_GPUS}" --mem-fraction-static 0.8 \
+  --host 127.0.0.1 --port "${TEACHER_PORT}" --tp-size "${TEACHER_GPUS}" --mem-fraction-static 0.8 \
   > "${SAVE%/}.teacher.log" 2>&1 &
 TEACHER_PID=$!
 trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT
@@ -80,7 +83,9 @@ until curl -sf "http://127.0.0.1:${TEACHER_PORT}/health_generate" > /dev/null; d
   sleep 5
 done
 
-# 2. Ray with the remaining devices, then the job.
+# 2. Ray with only the remaining devices, then the job: RolloutManager reserves ROLLOUT_GPUS of them for
+#    the engines (one Ray actor per engine, the server inherits its CUDA_VISIBLE_DEVICES), the trainer's
+#    placement group gets the other ACTOR_GPUS.
 export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TRAIN_GPUS - 1 )))
 ray start --head --num-gpus "${TRAIN_GPUS}" --disable-usage-stats
 ray job submit --address="http://127.0.0.1:8265" \

@@ -4,6 +4,16 @@ It starts ``--rollout-backend`` engine servers (the project's hf_engine on CPU, 
 unless slime's router address is given, runs the rollout function for each step, drops samples that
 cannot be trained on (failed episodes, B2F replays that finished the task), and pushes new weights to
 the engines with ``/update_weights_from_disk``.
+
+With ``--rollout-backend sglang`` on a Ray cluster with GPUs, the engines run on GPUs that Ray reserves
+for them (``engine_placement``), so they never share devices with the trainer; elsewhere (the
+hf_engine, a Ray without GPUs) they are child processes of this one.
+
+Behind slime's router (``--sglang-router-ip``) the engines are the router's workers (``GET /workers``),
+asked again at every weight push; a router that lists none stops the run instead of training on while
+the engines keep the old weights. Once the engines are up, their length limits (and the teacher
+server's) are read from ``/server_info`` into ``args.engine_limits``, so requests are cut to fit
+(``engine_info``), and engines that ignore sampling seeds are reported.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ class RolloutManager:
                                            apply_chat_template=args.apply_chat_template)
         self.generate_rollout = load_function(args.rollout_function_path)
         self.engines = []
+        self._engine_group = None  # Ray placement group holding the engines' GPUs, when there is one
         # SFT on expert data needs no engine unless it evaluates by playing episodes.
         self.needs_engines = args.loss_type != "sft_loss" or bool(self.eval_sets)
         if self.needs_engines and not args.sglang_router_ip:
@@ -83,6 +94,17 @@ class RolloutManager:
         count = max(1, (args.rollout_num_gpus or 1) // max(1, args.rollout_num_gpus_per_engine))
         model_path = getattr(args, "rollout_model_path", None) or args.hf_checkpoint
         log_dir = Path(os.environ.get("SLIME_ENGINE_LOG_DIR", "/tmp/slime_engines"))
+        if args.rollout_backend == "sglang":
+            from slime.ray import engine_placement
+
+            if engine_placement.ray_gpus():
+                self.engines, self._engine_group = engine_placement.start_engines_in_ray(
+                    args, count, model_path, str(log_dir))
+                args.rollout_engine_urls = [engine.url for engine in self.engines]
+                return
+            logger.warning("Ray reports no GPUs: the SGLang engines are pinned by --base-gpu-id to devices "
+                           "0..%d of this process, which nothing keeps the trainer off",
+                           count * args.rollout_num_gpus_per_engine - 1)
         for i in range(count):
             port = find_free_port(args.engine_host)
             cmd = build_engine_command(args, model_path=model_path, host=args.engine_host, port=port,
@@ -96,6 +118,53 @@ class RolloutManager:
             engine.wait_healthy(timeout)
         if self.engines:
             logger.info("rollout engines ready: %s", self.args.rollout_engine_urls)
+        if self.needs_engines:
+            from slime.rollout.sglang_rollout import run_async
+
+            run_async(self._read_engine_limits())
+
+    def engine_urls(self) -> list[str]:
+        """Base URLs of the rollout engines: the ones started here, else the router's workers."""
+        if not self.args.sglang_router_ip:
+            return list(self.args.rollout_engine_urls or [])
+        from slime.backends.sglang_utils.engine_info import require_router_workers
+        from slime.rollout.sglang_rollout import run_async
+
+        return run_async(require_router_workers(self.args))
+
+    async def _read_engine_limits(self) -> None:
+        """``args.engine_limits`` from the engines' (and the teacher's) ``/server_info``; warn about seeds."""
+        from slime.backends.sglang_utils import engine_info
+
+        args = self.args
+        urls = await engine_info.require_router_workers(args) if args.sglang_router_ip \
+            else list(args.rollout_engine_urls or [])
+        limits = {}
+        try:
+            rollout = engine_info.combine([await engine_info.read_limits(url, args.hf_checkpoint) for url in urls])
+        except (RuntimeError, OSError) as err:  # HTTPRequestError is a RuntimeError
+            logger.warning("could not read the rollout engines' limits (%s): requests are not cut to their "
+                           "context, and an over-long one fails with HTTP 400", err)
+        else:
+            limits["rollout"] = rollout.as_dict()
+            engine_info.warn_if_seeds_ignored("rollout engine(s)", urls, rollout)
+        teacher_url = getattr(args, "rm_url", None)
+        if teacher_url and (getattr(args, "opd_type", None) == "sglang"
+                            or getattr(args, "tcod_prefix_source", None) == "teacher"):
+            try:
+                info = await engine_info.get_server_info(teacher_url)
+                folder = info.get("model_path") if isinstance(info.get("model_path"), str) else None
+                teacher = engine_info.limits_from_server_info(info, engine_info.model_context_length(folder))
+            except (RuntimeError, OSError) as err:
+                logger.warning("could not read the teacher server's limits at %s (%s): sequences are not "
+                               "cut to what it can score", teacher_url, err)
+            else:
+                limits["teacher"] = teacher.as_dict()
+                if getattr(args, "tcod_prefix_source", None) == "teacher":  # the teacher samples B2F turns
+                    engine_info.warn_if_seeds_ignored("teacher server", [teacher_url], teacher)
+        args.engine_limits = limits
+        if limits:
+            logger.info("engine limits: %s", limits)
 
     def update_weights(self, hf_path: str) -> None:
         if not self.needs_engines:
@@ -103,16 +172,25 @@ class RolloutManager:
         from slime.backends.sglang_utils.weights import update_weights_from_disk
         from slime.rollout.sglang_rollout import run_async
 
+        urls = self.engine_urls()
+        if not urls:  # nobody would get the new weights: rollouts would silently go off-policy
+            raise RuntimeError("no rollout engine to push weights to")
+
         async def push_all():
-            await asyncio.gather(*(update_weights_from_disk(url, hf_path)
-                                   for url in self.args.rollout_engine_urls or []))
+            await asyncio.gather(*(update_weights_from_disk(url, hf_path) for url in urls))
 
         run_async(push_all())
+        logger.info("weights from %s pushed to %d engine(s)", hf_path, len(urls))
 
     def shutdown(self):
         for engine in self.engines:
             engine.stop()
         self.engines = []
+        if self._engine_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._engine_group)
+            self._engine_group = None
         from slime.rollout.sglang_rollout import run_async
         from slime.utils.http_utils import close_session
 

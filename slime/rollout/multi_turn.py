@@ -16,6 +16,14 @@ turns (a normal outcome, recorded as ``cut``); ``b2f`` first replays ``max(0, L_
 (or teacher) turns into the prompt part, where nothing is trained, then the student plays to the end.
 
 Outcomes in ``metadata["outcome"]``: done, cut, max_turns, context_full, replay_finished, env_error.
+
+Length limits: a turn never asks for more tokens than the sequence may still take: the response budget
+(``--rollout-max-response-len``), ``--rollout-max-context-len``, and, where this project's runtime has
+read them from the servers (``args.engine_limits``, see :func:`request_room`), the engine's context (SGLang
+answers 400 to a prompt plus ``max_new_tokens`` above it) and, in training with a server teacher, the
+longest sequence the teacher can score. The B2F teacher-prefix turn is also held to the teacher's own
+context. When no room is left the episode ends as ``context_full``; one that ends before any student
+token is kept out of training like a failed one.
 An exception in the environment, a return that breaks its contract (a NaN reward included), or a call
 (build, reset, step, expert_actions, close) that takes longer than ``--env-step-timeout`` seconds ends
 the episode as FAILED (error in ``metadata["error"]``, naming the environment class and the call);
@@ -142,6 +150,41 @@ def engine_url(args, sample: Sample) -> str:
     return f"{urls[(sample.index or 0) % len(urls)]}/generate"
 
 
+def request_room(args, n_tokens: int, role: str = "rollout") -> int | None:
+    """New tokens a server accepts after an ``n_tokens`` prompt (<= 0: none), or None when unknown.
+
+    This project's runtime reads each server's limits at start-up into ``args.engine_limits[role]``
+    (``role`` "rollout" for the policy engines, "teacher" for the ``--rm-url`` server): ``context_len``
+    (SGLang refuses a prompt plus ``max_new_tokens`` above it) and ``max_prompt_len`` (it refuses longer
+    prompts). Upstream slime sets no such attribute, and then nothing is clamped here.
+    """
+    limits = (getattr(args, "engine_limits", None) or {}).get(role) or {}
+    context, max_prompt = limits.get("context_len"), limits.get("max_prompt_len")
+    if max_prompt is not None and n_tokens > max_prompt:
+        return 0
+    return None if context is None else context - n_tokens
+
+
+def teacher_scores_samples(args, evaluation: bool) -> bool:
+    """A teacher server scores every finished training sequence (server-teacher OPD)."""
+    return not evaluation and bool(getattr(args, "use_opd", False)) and getattr(args, "opd_type", None) == "sglang"
+
+
+def token_room(args, n_tokens: int, evaluation: bool = False) -> int | None:
+    """How many tokens a sequence of ``n_tokens`` may still grow by (None: no limit known):
+    ``--rollout-max-context-len``, the rollout engine's context, and in training with a teacher server
+    the longest sequence that server scores (a score-only request is a prompt of the whole sequence)."""
+    bounds = [request_room(args, n_tokens, "rollout")]
+    if getattr(args, "rollout_max_context_len", None):
+        bounds.append(int(args.rollout_max_context_len) - n_tokens)
+    if teacher_scores_samples(args, evaluation):
+        max_prompt = ((getattr(args, "engine_limits", None) or {}).get("teacher") or {}).get("max_prompt_len")
+        if max_prompt is not None:
+            bounds.append(int(max_prompt) - n_tokens)
+    known = [b for b in bounds if b is not None]
+    return min(known) if known else None
+
+
 def output_log_probs(meta_info: dict) -> list[float]:
     entries = meta_info.get("output_token_logprobs")
     if entries is None:
@@ -164,18 +207,22 @@ class _Episode:
         self.success = False
         self.total_reward = 0.0
         self.response_budget = args.rollout_max_response_len
-        self.context_limit = args.rollout_max_context_len
         self.env_timeout = env_step_timeout(args)
 
     async def env_call(self, env, call: str, fn, *args):
         return await _env_call(self.env_timeout, f"{env.label}: {call}", fn, *args)
 
     def room(self) -> int:
-        """Tokens that may still be added to the sequence."""
+        """Tokens that may still be added to the sequence (see :func:`token_room`)."""
         room = self.response_budget - self.sample.response_length
-        if self.context_limit:
-            room = min(room, self.context_limit - len(self.sample.tokens))
-        return room
+        limit = token_room(self.args, len(self.sample.tokens), self.evaluation)
+        return room if limit is None else min(room, limit)
+
+    def teacher_room(self) -> int:
+        """Tokens the B2F teacher-prefix turn may ask for: the sequence's room and the teacher's context."""
+        room = self.room()
+        limit = request_room(self.args, len(self.sample.tokens), "teacher")
+        return room if limit is None else min(room, limit)
 
     def record_step(self, reward, info) -> None:
         self.turn_rewards.append(float(reward))
@@ -183,9 +230,9 @@ class _Episode:
         if info.get("success"):
             self.success = True
 
-    async def sample_turn(self, url: str, turn: int, sampling_params: dict, *, salt: int = 0):
+    async def sample_turn(self, url: str, turn: int, sampling_params: dict, *, salt: int = 0, room: int | None = None):
         params = dict(sampling_params)
-        params["max_new_tokens"] = min(self.args.max_turn_response_len, self.room())
+        params["max_new_tokens"] = min(self.args.max_turn_response_len, self.room() if room is None else room)
         params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
         params["no_stop_trim"] = True
         if sampling_params.get("sampling_seed") is not None:
@@ -197,13 +244,17 @@ class _Episode:
 
 
 async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampling_params: dict):
-    """Play the B2F prefix into the prompt part. Returns (observation, done, replayed turns)."""
+    """Play the B2F prefix into the prompt part. Returns (observation, end, replayed turns), ``end`` being
+    None, "replay_finished" (the task ended) or "context_full" (no room left for the teacher's turn)."""
     expert = await ep.env_call(env, "expert_actions()", expert_actions_for, env, ep.sample)
     prefix = plan_prefix_length(plan, len(expert) if expert else 0)
     source = plan.get("prefix_source") or "expert"
     for i in range(prefix):
         if source == "teacher":
-            out = await ep.sample_turn(ep.args.rm_url, i, sampling_params, salt=10_000)
+            room = ep.teacher_room()
+            if room <= 0:  # asking would be a 400 from the teacher (or leave the student no room at all)
+                return observation, "context_full", i
+            out = await ep.sample_turn(ep.args.rm_url, i, sampling_params, salt=10_000, room=room)
             ids = list(out["output_ids"])
             action = ep.action_text(ids)
         else:
@@ -213,9 +264,9 @@ async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampli
         ep.record_step(reward, info or {})
         ep.sample.tokens.extend(ids)
         if done:
-            return observation, True, i + 1
+            return observation, "replay_finished", i + 1
         ep.sample.tokens.extend(encode_observation(ep.tokenizer, observation))
-    return observation, False, prefix
+    return observation, None, prefix
 
 
 async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
@@ -226,10 +277,12 @@ async def _play(ep: _Episode, env, plan: dict, sampling_params: dict) -> str:
     sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
     prefix_turns = 0
     if plan.get("mode") == "b2f":
-        observation, done, prefix_turns = await _replay_prefix(ep, env, plan, observation, sampling_params)
+        observation, end, prefix_turns = await _replay_prefix(ep, env, plan, observation, sampling_params)
         sample.metadata["prefix_turns"] = prefix_turns
-        if done:
-            return "replay_finished"
+        if end == "context_full":
+            sample.status = Sample.Status.TRUNCATED
+        if end is not None:
+            return end
     url = engine_url(ep.args, sample)
     turns = int(plan.get("max_student_turns") or ep.args.max_turns)
     for turn in range(turns):
@@ -334,7 +387,8 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
         outcome = _fail(sample, close_timeout)
     if sample.loss_mask is None:
         sample.loss_mask = []
-    if outcome in ("env_error", "replay_finished"):
+    if outcome in ("env_error", "replay_finished") or sample.response_length == 0:
+        # A context already full before the first student turn leaves nothing to train on either.
         _keep_out_of_training(ep, sample)
     sample.response = tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length:])
     sample.metadata.update({

@@ -15,7 +15,7 @@ import time
 
 # The tokenizer cache and engine routing live with the agent loop (the slime contribution, which cannot
 # import this runtime module); single-turn generation here shares them.
-from slime.rollout.multi_turn import engine_url, get_tokenizer, output_log_probs
+from slime.rollout.multi_turn import engine_url, get_tokenizer, output_log_probs, token_room
 from slime.rollout.rewards import assign_rewards
 from slime.utils.http_utils import post
 from slime.utils.misc import load_function
@@ -53,7 +53,14 @@ def build_sampling_params(args, evaluation: bool = False) -> dict:
 
 
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
-    """Single-turn: one completion of ``sample.prompt``; response tokens are trainable."""
+    """Single-turn: one completion of ``sample.prompt``; response tokens are trainable.
+
+    ``max_new_tokens`` is cut to what the prompt leaves of the engine's context (and of
+    ``--rollout-max-context-len``, and in server-teacher OPD of what the teacher can score): SGLang answers
+    400 to a prompt plus ``max_new_tokens`` above its context, and a 4xx is not retried. A prompt that
+    leaves no room is not sent: the sample comes back TRUNCATED with no response, ``remove_sample`` set
+    and ``metadata["outcome"] = "prompt_too_long"``, so it is neither scored by the teacher nor trained on.
+    """
     tokenizer = get_tokenizer(args)
     if not sample.tokens:
         prompt = sample.prompt
@@ -61,6 +68,11 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
             prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     params = dict(sampling_params)
+    room = token_room(args, len(sample.tokens), evaluation)
+    if room is not None and room < params["max_new_tokens"]:
+        if room <= 0:
+            return _prompt_too_long(args, sample)
+        params["max_new_tokens"] = room
     output = await post(engine_url(args, sample), {
         "input_ids": sample.tokens,
         "sampling_params": params,
@@ -74,6 +86,18 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
         meta_info=output["meta_info"],
         text=output["text"],
     )
+    return sample
+
+
+def _prompt_too_long(args, sample: Sample) -> Sample:
+    limits = getattr(args, "engine_limits", None) or {}
+    message = (f"prompt of {len(sample.tokens)} tokens leaves no room to generate (engine limits {limits}, "
+               f"--rollout-max-context-len {args.rollout_max_context_len}); not sent")
+    logger.warning("sample %s: %s", sample.index, message)
+    sample.status = Status.TRUNCATED
+    sample.remove_sample = True
+    sample.metadata["outcome"] = "prompt_too_long"
+    sample.metadata["truncated_reason"] = message
     return sample
 
 

@@ -1,7 +1,8 @@
 """Start the engine: ``python -m slime.backends.hf_engine --model-path DIR --port P``.
 
 Flag names follow ``sglang.launch_server`` where the two overlap (--model-path, --tokenizer-path,
---host, --port, --dtype, --random-seed, --max-prefill-tokens), so launch scripts read alike.
+--host, --port, --dtype, --random-seed, --max-prefill-tokens, --context-length), so launch scripts read
+alike.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--random-seed", type=int, default=0, help="seeds requests that bring no sampling_seed")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="SGLang's flag: the context in tokens (default: the model's max_position_embeddings)")
     p.add_argument("--prefix-cache-mb", type=float, default=512,
                    help="memory for the KV of finished requests, reused by requests that share their prefix")
     p.add_argument("--disable-radix-cache", action="store_true",
@@ -44,6 +47,8 @@ def parse_args(argv=None):
         p.error("--max-batch-size and --max-prefill-tokens must be >= 1")
     if args.threads < 0:
         p.error("--threads must be >= 0")
+    if args.context_length is not None and args.context_length < 8:
+        p.error("--context-length must be >= 8")
     if args.prefix_cache_mb < 0:
         p.error("--prefix-cache-mb must be >= 0")
     return args
@@ -56,7 +61,8 @@ def build(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    runner = ModelRunner(args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device)
+    runner = ModelRunner(args.model_path, tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device,
+                         context_length=args.context_length)
     cache_bytes = 0 if args.disable_radix_cache else int(args.prefix_cache_mb * 2**20)
     scheduler = Scheduler(runner, max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
                           seed=args.random_seed, prefix_cache_bytes=cache_bytes)

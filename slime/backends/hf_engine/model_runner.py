@@ -38,10 +38,12 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 class Span(NamedTuple):
-    """One row's input log-probs: the chosen tokens' [n], and with top-k asked (values, ids) [n, k]."""
+    """One row's input log-probs: the chosen tokens' [n], with top-k asked (values, ids) [n, k], and with
+    ``token_ids_logprob`` asked the log-probs of those ids [n, m]."""
 
     logprobs: torch.Tensor
     top: tuple[torch.Tensor, torch.Tensor] | None = None
+    asked: torch.Tensor | None = None
 
 
 @dataclass
@@ -93,7 +95,7 @@ class ModelRunner:
     """Owns the model and tokenizer; every method runs on the engine's worker thread."""
 
     def __init__(self, model_path: str, *, tokenizer_path: str | None = None, dtype: str = "float32",
-                 device: str = "cpu"):
+                 device: str = "cpu", context_length: int | None = None):
         from transformers import AutoTokenizer
 
         self.device = torch.device(device)
@@ -110,7 +112,9 @@ class ModelRunner:
             eos = self.tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
         self.vocab_size = int(self.model.config.vocab_size)
-        self.context_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        # SGLang's --context-length overrides the model's own (max_position_embeddings); None keeps it.
+        self.context_length_arg = context_length
+        self.context_len = int(context_length or getattr(self.model.config, "max_position_embeddings", 4096))
         # transformers 5 renamed the cache argument; older releases take past_key_values.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -132,19 +136,23 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()
-    def score(self, seqs: list[list[int]], starts: list[int], top_ks: list[int] | None = None) -> list[Span]:
-        """Log-probs of tokens ``start+1 .. end`` of each sequence (from one batched forward), and with
-        ``top_ks[i]`` > 0 the top ``top_ks[i]`` log-probs at those positions too."""
+    def score(self, seqs: list[list[int]], starts: list[int], top_ks: list[int] | None = None,
+              id_lists: list | None = None) -> list[Span]:
+        """Log-probs of tokens ``start+1 .. end`` of each sequence (from one batched forward), with
+        ``top_ks[i]`` > 0 the top ``top_ks[i]`` log-probs at those positions too, and with ``id_lists[i]``
+        the log-probs of those token ids there."""
         ids, mask = _left_pad(seqs, self.pad_id)
         logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                             position_ids=_positions(mask).to(self.device), use_cache=False).logits
         width = ids.shape[1]
         top_ks = top_ks or [0] * len(seqs)
-        return [self._span_logprobs(logits[i], ids[i], width - len(s), start, k)
-                for i, (s, start, k) in enumerate(zip(seqs, starts, top_ks))]
+        id_lists = id_lists or [None] * len(seqs)
+        return [self._span_logprobs(logits[i], ids[i], width - len(s), start, k, asked)
+                for i, (s, start, k, asked) in enumerate(zip(seqs, starts, top_ks, id_lists))]
 
     @staticmethod
-    def _span_logprobs(row_logits, row_ids, offset: int, start: int, top_k: int = 0) -> Span:
+    def _span_logprobs(row_logits, row_ids, offset: int, start: int, top_k: int = 0,
+                       asked: list[int] | None = None) -> Span:
         # Token j (j > start) is predicted by the logits at j - 1; offset skips the left padding.
         lo, hi = offset + start, row_ids.shape[0] - 1  # lo == hi (an empty span) when start is the last token
         logp = torch.log_softmax(row_logits[lo:hi].float(), dim=-1)
@@ -155,16 +163,17 @@ class ModelRunner:
         if top_k:
             values, indices = logp.topk(top_k, dim=-1)
             top = (values.cpu(), indices.cpu())
-        return Span(chosen, top)
+        asked_lps = logp[:, torch.tensor(asked, device=logp.device)].cpu() if asked else None
+        return Span(chosen, top, asked_lps)
 
     @torch.inference_mode()
     def prefill(self, seqs: list[list[int]], starts: list[int | None], prefixes: list | None = None,
-                top_ks: list[int] | None = None):
+                top_ks: list[int] | None = None, id_lists: list | None = None):
         """Run prompts, returning (DecodeBatch, last-position logits [B, V], input :class:`Span` per row).
 
         ``starts[i]`` is None when row i needs no input log-probs (its span is None); full-sequence
         logits are only materialised when some row asks for them. ``top_ks[i]`` > 0 adds that many top
-        log-probs per position of row i's span. ``prefixes[i]`` is ``(n, entry)`` from the prefix
+        log-probs per position of row i's span, ``id_lists[i]`` the log-probs of those ids. ``prefixes[i]`` is ``(n, entry)`` from the prefix
         cache: the KV of row i's first ``n`` tokens is taken from ``entry`` and only the rest is fed
         (``(0, None)`` for a row without one). A row's ``starts[i]`` must then be ``>= n``: its input
         log-probs (top-k included) need the logits from ``starts[i]`` on.
@@ -187,8 +196,10 @@ class ModelRunner:
                          logits_to_keep=0 if need_all else 1, **kwargs)
         width = ids.shape[1]
         top_ks = top_ks or [0] * len(seqs)
-        input_lps = [None if start is None else self._span_logprobs(out.logits[i], ids[i], width - len(f), start - n, k)
-                     for i, (f, start, n, k) in enumerate(zip(fed, starts, reused, top_ks))]
+        id_lists = id_lists or [None] * len(seqs)
+        input_lps = [None if start is None else
+                     self._span_logprobs(out.logits[i], ids[i], width - len(f), start - n, k, asked)
+                     for i, (f, start, n, k, asked) in enumerate(zip(fed, starts, reused, top_ks, id_lists))]
         batch = DecodeBatch(cache=_cache_of(out), mask=mask,
                             next_pos=torch.tensor([len(s) for s in seqs], dtype=torch.long))
         return batch, out.logits[:, -1, :], input_lps

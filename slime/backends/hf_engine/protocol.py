@@ -60,7 +60,10 @@ _SUPPORTED = {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_t
               "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "ignore_eos",
               "sampling_seed", "seed", "custom_params", "stream_interval"}
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-              "return_text_in_logprobs", "stream", "top_logprobs_num", "prompt"}
+              "return_text_in_logprobs", "stream", "top_logprobs_num", "token_ids_logprob", "prompt"}
+# SGLang's scheduler refuses prompts of max_req_input_len tokens or more, max_req_input_len being
+# min(context - 1, KV pool - 1) - 5 (tp_worker.py); without a KV pool that is context - 6.
+_SCHEDULER_INPUT_MARGIN = 6
 
 
 class ProtocolError(ValueError):
@@ -96,11 +99,17 @@ class GenerateRequest:
     logprob_start_len: int = -1  # resolved to an index in [0, len(input_ids)) by parse_generate
     return_text_in_logprobs: bool = False
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
 
     @property
     def top_k_logprobs(self) -> int:
         """How many top log-probs to compute per position: SGLang only returns them with return_logprob."""
         return self.top_logprobs_num if self.return_logprob else 0
+
+    @property
+    def logprob_token_ids(self) -> list[int] | None:
+        """The token ids whose log-probs are reported at every position (SGLang's ``token_ids_logprob``)."""
+        return self.token_ids_logprob if self.return_logprob and self.token_ids_logprob else None
 
     @property
     def score_only(self) -> bool:
@@ -234,6 +243,65 @@ def _per_item(body: dict, key: str, n: int, batched: bool, default):
     return [value] * n
 
 
+def _token_ids_logprob(value, n: int, batched: bool, vocab_size: int) -> list:
+    """SGLang's ``token_ids_logprob``: one flat list of ids (shared by a batch), or per prompt a list of
+    them; null or empty means none. Every id must lie in the model's vocabulary (SGLang answers 400 with
+    this message, naming the range, so a client can read the vocabulary size off it)."""
+    if not value:
+        return [None] * n
+    if not isinstance(value, list):
+        value = [value]
+    per_prompt = batched and isinstance(value[0], list)
+    if per_prompt and len(value) != n:
+        raise ProtocolError(f"token_ids_logprob is a list of {len(value)} entries for a batch of {n} prompts")
+    lists = value if per_prompt else [value] * n
+    out = []
+    for ids in lists:
+        if not ids:
+            out.append(None)
+            continue
+        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+            raise ProtocolError("token_ids_logprob must be a flat list of integers.")
+        for token_id in ids:
+            if token_id < 0 or token_id >= vocab_size:
+                raise ProtocolError(f"token_ids_logprob contains out-of-vocabulary token id {token_id}; "
+                                    f"valid range is [0, {vocab_size}).")
+        out.append(list(ids))
+    return out
+
+
+def _explicit_max_new_tokens(raw_params, i: int):
+    """``max_new_tokens`` as the request spelled it (None when absent): SGLang's context check reads the
+    raw field, so a request that leaves it to the default is not checked against the context."""
+    raw = raw_params[i] if isinstance(raw_params, list) else raw_params
+    return raw.get("max_new_tokens") if isinstance(raw, dict) else None
+
+
+def check_context(prompt_len: int, max_new_tokens, context_len: int) -> None:
+    """SGLang 0.5.23's length rules for a generate request, in its order and with its messages (400):
+    its tokenizer manager refuses a prompt of ``context_len`` tokens or more, then a prompt plus
+    ``max_new_tokens`` (when the request gives it) above ``context_len``; its scheduler then refuses a
+    prompt of ``max_req_input_len`` (``context_len - 6`` without a KV-pool limit) tokens or more."""
+    if prompt_len >= context_len:
+        raise ProtocolError(f"The input ({prompt_len} tokens) is longer than the model's context length "
+                            f"({context_len} tokens).")
+    if max_new_tokens is not None and max_new_tokens + prompt_len > context_len:
+        raise ProtocolError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+            f"You requested a total of {max_new_tokens + prompt_len} tokens: {prompt_len} tokens from the "
+            f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of "
+            "tokens in the input messages or the completion to fit within the limit.")
+    max_input = max_req_input_len(context_len)
+    if prompt_len >= max_input:
+        raise ProtocolError(f"Input length ({prompt_len} tokens) exceeds the maximum allowed length "
+                            f"({max_input} tokens). Use a shorter input or enable --allow-auto-truncate.")
+
+
+def max_req_input_len(context_len: int) -> int:
+    """SGLang's ``max_req_input_len`` for a server without a KV-pool limit (reported by /get_server_info)."""
+    return context_len - _SCHEDULER_INPUT_MARGIN
+
+
 def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[list[GenerateRequest], bool]:
     """Validate a /generate body. Returns (requests, batched)."""
     if not isinstance(body, dict):
@@ -285,13 +353,13 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
     starts = _per_item(body, "logprob_start_len", n, batched, -1)
     want_text = _per_item(body, "return_text_in_logprobs", n, batched, False)
     top_nums = _per_item(body, "top_logprobs_num", n, batched, 0)
+    id_lists = _token_ids_logprob(body.get("token_ids_logprob"), n, batched, vocab_size)
 
     requests = []
     for i in range(n):
         sfx = f"[{i}]" if batched else ""
         prompt = [int(t) for t in prompts[i]]
-        if len(prompt) >= context_len:
-            raise ProtocolError(f"input_ids{sfx} has {len(prompt)} tokens; the model's context is {context_len}")
+        check_context(len(prompt), _explicit_max_new_tokens(raw_params, i), context_len)
         start = _integer(f"logprob_start_len{sfx}", starts[i] if starts[i] is not None else -1, low=-1)
         if start == -1:
             start = len(prompt) - 1
@@ -308,7 +376,7 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
             return_logprob=_boolean(f"return_logprob{sfx}", False if want_lp[i] is None else want_lp[i]),
             logprob_start_len=start,
             return_text_in_logprobs=_boolean(f"return_text_in_logprobs{sfx}", want_text[i] or False),
-            top_logprobs_num=top_num,
+            top_logprobs_num=top_num, token_ids_logprob=id_lists[i],
         ))
     return requests, batched
 
@@ -325,6 +393,9 @@ class GenerateResult:
     # covers the same positions as input_logprobs; the output list has one pair per output token.
     input_top_logprobs: list[tuple[list[float], list[int]]] | None = None
     output_top_logprobs: list[tuple[list[float], list[int]]] = field(default_factory=list)
+    # With token_ids_logprob: per position, the log-probs of those ids (same positions as the top lists).
+    input_token_ids_logprobs: list[list[float]] | None = None
+    output_token_ids_logprobs: list[list[float]] = field(default_factory=list)
     finish_reason: dict = field(default_factory=dict)
     latency_s: float = 0.0
 
@@ -380,4 +451,13 @@ def build_response(req: GenerateRequest, result: GenerateResult, tokenizer) -> d
             # SGLang's input list starts with null: the first position has no prediction, as above.
             meta["input_top_logprobs"] = [None] + top(result.input_top_logprobs or [])
             meta["output_top_logprobs"] = top(result.output_top_logprobs)
+        if req.logprob_token_ids:
+            ids = req.logprob_token_ids
+
+            def asked(rows):
+                return [[[v, t, piece(t)] for v, t in zip(vals, ids)] for vals in rows]
+
+            # As SGLang: entries follow the order of token_ids_logprob; the first input position has none.
+            meta["input_token_ids_logprobs"] = [None] + asked(result.input_token_ids_logprobs or [])
+            meta["output_token_ids_logprobs"] = asked(result.output_token_ids_logprobs)
     return {"text": text, "output_ids": list(result.output_ids), "meta_info": meta}

@@ -25,11 +25,13 @@ def make_generator(seed: int) -> torch.Generator:
 
 
 def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                top_ks: list[int] | None = None):
-    """Sample one token per row of ``logits`` [B, V]. Returns (token_ids [B], log-probs [B], tops) on CPU.
+                top_ks: list[int] | None = None, id_lists: list | None = None):
+    """Sample one token per row of ``logits`` [B, V]. Returns (token_ids [B], log-probs [B], tops) on CPU,
+    plus ``asked`` when ``id_lists`` is given.
 
     ``tops[i]`` is None, or with ``top_ks[i]`` > 0 the row's ``top_ks[i]`` largest log-probs and their
     token ids (two lists), taken from the same log-probs as the returned one, as SGLang's sampler does.
+    ``asked[i]`` is None, or with ``id_lists[i]`` the row's log-probs of those token ids (one list).
     """
     logits = logits.float()
     batch = logits.shape[0]
@@ -70,4 +72,8 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: 
         values, indices = logp[rows].topk(max(top_ks), dim=-1)
         for row, vals, ids in zip(rows, values.tolist(), indices.tolist()):
             tops[row] = (vals[:top_ks[row]], ids[:top_ks[row]])
-    return tokens, chosen, tops
+    if id_lists is None:
+        return tokens, chosen, tops
+    asked = [None if not ids else logp[row, torch.tensor(ids, device=logp.device)].tolist()
+             for row, ids in enumerate(id_lists)]
+    return tokens, chosen, tops, asked

@@ -55,6 +55,15 @@ def _keep_input_logprobs(result: GenerateResult, span) -> None:
     result.input_logprobs = span.logprobs.tolist()
     if span.top is not None:
         result.input_top_logprobs = list(zip(span.top[0].tolist(), span.top[1].tolist()))
+    if getattr(span, "asked", None) is not None:
+        result.input_token_ids_logprobs = span.asked.tolist()
+
+
+def _id_lists(jobs) -> dict:
+    """``id_lists=`` for the runner when some job asks for ``token_ids_logprob`` (else no keyword, so
+    runners that never see such requests need not take it)."""
+    lists = [getattr(j.req, "logprob_token_ids", None) for j in jobs]
+    return {"id_lists": lists} if any(lists) else {}
 
 
 @dataclass
@@ -264,7 +273,7 @@ class Scheduler:
         for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
             logger.debug("scoring %d request(s) in one forward", len(group))
             spans = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group],
-                                      [j.req.top_k_logprobs for j in group])
+                                      [j.req.top_k_logprobs for j in group], **_id_lists(group))
             for job, span in zip(group, spans):
                 if job.req.return_logprob:
                     _keep_input_logprobs(job.result, span)
@@ -283,7 +292,7 @@ class Scheduler:
             starts = [j.req.logprob_start_len if j.req.return_logprob else None for j in group]
             batch, logits, spans = self.runner.prefill([j.req.input_ids for j in group], starts,
                                                        [prefixes[id(j)] for j in group],
-                                                       [j.req.top_k_logprobs for j in group])
+                                                       [j.req.top_k_logprobs for j in group], **_id_lists(group))
             for job, span in zip(group, spans):
                 if span is not None:
                     _keep_input_logprobs(job.result, span)
@@ -343,8 +352,11 @@ class Scheduler:
 
         Returns (tokens, kept rows). Finished rows are stored in the prefix cache first.
         """
-        tokens, logprobs, tops = sample_next(logits, [j.req.sampling for j in jobs], [j.generator for j in jobs],
-                                             [j.req.top_k_logprobs for j in jobs])
+        extra = _id_lists(jobs)
+        tokens, logprobs, tops, *asked = sample_next(logits, [j.req.sampling for j in jobs],
+                                                     [j.generator for j in jobs], [j.req.top_k_logprobs for j in jobs],
+                                                     **extra)
+        asked = asked[0] if asked else [None] * len(jobs)
         keep = []
         for i, job in enumerate(jobs):
             if job.future.cancelled():
@@ -359,6 +371,8 @@ class Scheduler:
             job.result.output_logprobs.append(float(logprobs[i]))
             if tops[i] is not None:
                 job.result.output_top_logprobs.append(tops[i])
+            if asked[i] is not None:
+                job.result.output_token_ids_logprobs.append(asked[i])
             finish = self._finish_reason(job, token)
             if finish is None:
                 keep.append(i)
@@ -379,7 +393,9 @@ class Scheduler:
                     return finish_stop(stop)
         if len(out) >= sp.max_new_tokens:
             return finish_length(sp.max_new_tokens)
-        if len(job.req.input_ids) + len(out) >= self.runner.context_len:
+        # SGLang's scheduler caps max_new_tokens at max_req_len - input - 1, max_req_len being
+        # context - 1 (without a KV-pool limit): a request stops 2 tokens short of the context.
+        if len(job.req.input_ids) + len(out) >= self.runner.context_len - 2:
             return finish_length(len(out))
         return None
 

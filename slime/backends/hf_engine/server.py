@@ -23,7 +23,8 @@ from datetime import datetime, timezone
 
 from aiohttp import web
 
-from slime.backends.hf_engine.protocol import GenerateRequest, ProtocolError, SamplingParams, build_response, parse_generate
+from slime.backends.hf_engine.protocol import (GenerateRequest, ProtocolError, SamplingParams, build_response,
+                                               max_req_input_len, parse_generate)
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,18 @@ async def flush_cache(request: web.Request) -> web.Response:
 
 
 async def get_server_info(request: web.Request) -> web.Response:
-    """A subset of SGLang's reply, plus the prefix cache's counters (hits, reused tokens, memory)."""
+    """A subset of SGLang's reply (``/server_info``; ``/get_server_info`` is its older name), plus the prefix
+    cache's counters (hits, reused tokens, memory).
+
+    As in SGLang, ``context_length`` is the launch flag (null when the model's own length is used) and
+    ``max_req_input_len`` the scheduler's prompt limit (prompts this long or longer are refused);
+    ``enable_deterministic_inference`` is true because hf_engine always honours ``sampling_seed``."""
     runner, scheduler = request.app[RUNNER], request.app[SCHEDULER]
     return web.json_response({"model_path": runner.model_path, "tokenizer_path": runner.tokenizer_path,
+                              "context_length": getattr(runner, "context_length_arg", None),
+                              "max_req_input_len": max_req_input_len(runner.context_len),
+                              "enable_deterministic_inference": True,
+                              "tp_size": 1,
                               "max_batch_size": scheduler.max_batch_size,
                               "max_prefill_tokens": scheduler.max_prefill_tokens,
                               "disable_radix_cache": not scheduler.prefix_cache.enabled,
@@ -253,6 +263,7 @@ def make_app(runner, scheduler) -> web.Application:
     app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/model_info", model_info)
     app.router.add_get("/get_model_info", model_info)
+    app.router.add_get("/server_info", get_server_info)
     app.router.add_get("/get_server_info", get_server_info)
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/flush_cache", flush_cache)

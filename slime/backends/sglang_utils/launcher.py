@@ -56,6 +56,9 @@ def build_sglang_command(args, *, model_path: str | None = None, host: str | Non
         cmd += ["--context-length", str(args.rollout_max_context_len)]
     if getattr(args, "sglang_disable_radix_cache", False):
         cmd += ["--disable-radix-cache"]
+    # Every rollout request carries a sampling_seed (sglang_rollout.sampling_seed); SGLang uses it only in
+    # deterministic-inference mode, otherwise a resumed run would not regenerate the same rollouts.
+    cmd += ["--enable-deterministic-inference"]
     return cmd
 
 
@@ -70,6 +73,8 @@ def build_hf_engine_command(args, *, model_path: str | None = None, host: str | 
     batch = max_batch_size or getattr(args, "rollout_concurrency", None)
     if batch:
         cmd += ["--max-batch-size", str(batch)]
+    if getattr(args, "rollout_max_context_len", None):
+        cmd += ["--context-length", str(args.rollout_max_context_len)]  # as for SGLang
     if getattr(args, "sglang_disable_radix_cache", False):
         cmd += ["--disable-radix-cache"]  # the hf_engine takes SGLang's flag name
     return cmd
