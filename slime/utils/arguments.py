@@ -18,9 +18,14 @@ from slime.utils.tcod_arguments import add_multi_turn_tcod_arguments, validate_m
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Positions per LM-head chunk: a few [chunk, vocab] float32 buffers (~0.6 MB per position each at Qwen3's
 # 151,936 tokens), large enough that each chunk is one efficient matmul on a GPU.
-DEFAULT_LOG_PROBS_CHUNK_SIZE = 512
+DEFAULT_LOG_PROBS_CHUNK_SIZE = 256
 # Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.
 REWARD_SIDE_KL_ESTIMATORS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def needs_reference(args) -> bool:
+    """Whether the trainer loads a reference model: some KL term to it is on."""
+    return args.kl_coef > 0 or args.use_kl_loss or getattr(args, "kl_ctrl", "fixed") == "adaptive"
 
 
 class ArgumentError(ValueError):

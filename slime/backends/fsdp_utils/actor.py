@@ -29,11 +29,8 @@ from slime.backends.fsdp_utils import checkpoint, data_plan, forward, guards, lo
 from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, token_mean_and_seq_sum
 from slime.backends.fsdp_utils.gather import all_gather_per_sample, sum_across_ranks
 from slime.utils import teacher_vocab
+from slime.utils.arguments import needs_reference
 from slime.utils.types import Sample
-
-
-def needs_reference(args) -> bool:
-    return args.kl_coef > 0 or args.use_kl_loss or getattr(args, "kl_ctrl", "fixed") == "adaptive"
 
 
 def _adamw(params, args, lr):
