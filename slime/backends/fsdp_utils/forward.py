@@ -209,15 +209,6 @@ def score(model, samples: list[Sample], *, temperature: float, pad_token_id: int
     return Scores(cols[0], cols[1] if entropy else None, cols[-1] if teacher is not None else None)
 
 
-def log_probs_and_entropy(model, samples: list[Sample], *, temperature: float, pad_token_id: int, device,
-                          with_entropy: bool = False,
-                          chunk_size: int = -1) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """Response-span log-probs (and per-token entropies) of ``model`` on ``samples``, in float32."""
-    scores = score(model, samples, temperature=temperature, pad_token_id=pad_token_id, device=device,
-                   chunk_size=chunk_size, entropy=with_entropy)
-    return scores.log_probs, scores.entropy
-
-
 def values(critic, samples: list[Sample], *, pad_token_id: int, device) -> list[torch.Tensor]:
     """Critic values aligned with the response tokens: the value of the state before each token."""
     input_ids, attention_mask = collate(samples, pad_token_id, device)
