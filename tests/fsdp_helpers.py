@@ -97,6 +97,18 @@ def run_config(rank, world_size, config: dict):
             "opd": [m.get("per_sample_opd_kl") for m in history]}
 
 
+def assert_same_run(a, b):
+    """Two ``run_config`` results agree: every scalar metric and the final weights, within float rounding."""
+    import pytest
+
+    for ma, mb in zip(a["metrics"], b["metrics"]):
+        assert ma.keys() == mb.keys()
+        for key in ma:
+            assert ma[key] == pytest.approx(mb[key], rel=1e-4, abs=1e-6), key
+    for key in a["weights"]:
+        torch.testing.assert_close(a["weights"][key], b["weights"][key], atol=5e-5, rtol=1e-4)
+
+
 def worker_run_configs(rank, world_size, configs):
     """Entry point for ``launch.run_local_group``: all configurations in one spawn (startup is the cost)."""
     import transformers

@@ -109,6 +109,16 @@ RULES = [
     (["--num-steps-per-rollout", "0"], "--num-steps-per-rollout"),
     (["--rollout-num-gpus-per-engine", "0"], "--rollout-num-gpus-per-engine"),
     (["--sglang-mem-fraction-static", "1.5"], "--sglang-mem-fraction-static"),
+    # trainer memory
+    (["--recompute-granularity", "selective"], "--recompute-granularity"),
+    (["--recompute-method", "uniform"], "--recompute-granularity"),
+    (["--recompute-granularity", "full", "--recompute-num-layers", "2"], "--recompute-num-layers"),
+    (["--recompute-granularity", "full", "--recompute-method", "block"], "--recompute-method"),
+    (["--use-dynamic-batch-size"], "--max-tokens-per-gpu"),
+    (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu"),
+    (["--max-tokens-per-gpu", "4096"], "--use-dynamic-batch-size"),
+    (["--gpu-memory-gb", "0"], "--gpu-memory-gb"),
+    (["--model-config-json", "/nonexistent/config.json"], "--model-config-json"),
 ]
 
 
@@ -213,3 +223,10 @@ def test_evaluation_only_run_may_have_zero_rollouts():
     # benchmarks/tcod_vs_opd.sh evaluates a checkpoint with --num-rollout 0 (step -1 only).
     args = validated(["--num-rollout", "0", "--eval-prompt-data", "set", "file.jsonl", "--eval-interval", "1"])
     assert args.num_rollout == 0
+
+
+def test_memory_flags_resolve_like_slime():
+    args = validated(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+                      "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384"])
+    assert args.gradient_checkpointing and args.log_probs_max_tokens_per_gpu == 16384
+    assert validated([]).log_probs_chunk_size > 0 and not validated([]).gradient_checkpointing

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import transformers
-from fsdp_helpers import (student_and_teacher, make_args, make_checkpoint, make_samples, run_config, single_thread, weights,
+from fsdp_helpers import (assert_same_run, student_and_teacher, make_args, make_checkpoint, make_samples, run_config, single_thread, weights,
                           worker_run_configs)
 
 from slime.backends.fsdp_utils.actor import FSDPActor
@@ -131,34 +131,39 @@ def _configs(ckpts):
     return opd, sft
 
 
+def _memory_config(opd):
+    """The OPD run with the trainer-memory features: whole-row head vs chunks of 3 positions, layers
+    recomputed in backward, micro-batches packed by a 40-token budget instead of 1 sample each."""
+    return dict(opd, argv=opd["argv"] + ["--log-probs-chunk-size", "3", "--recompute-granularity", "full",
+                                         "--use-dynamic-batch-size", "--max-tokens-per-gpu", "40"])
+
+
 @pytest.fixture(scope="module")
 def one_and_two(ckpts):
     opd, sft = _configs(ckpts)
-    one = [run_config(0, 1, dict(opd)), run_config(0, 1, dict(sft, save_to=str(ckpts["root"] / "sft_w1")))]
-    two = run_local_group(worker_run_configs, 2, [opd, dict(sft, save_to=str(ckpts["root"] / "sft_w2"))])[0]
+    plain = dict(opd, argv=opd["argv"] + ["--log-probs-chunk-size", "-1"])
+    one = [run_config(0, 1, plain), run_config(0, 1, dict(sft, save_to=str(ckpts["root"] / "sft_w1")))]
+    two = run_local_group(worker_run_configs, 2, [opd, dict(sft, save_to=str(ckpts["root"] / "sft_w2")),
+                                                  _memory_config(opd)])[0]
     return one, two
-
-
-def _assert_same_run(a, b):
-    for ma, mb in zip(a["metrics"], b["metrics"]):
-        assert ma.keys() == mb.keys()
-        for key in ma:
-            assert ma[key] == pytest.approx(mb[key], rel=1e-4, abs=1e-6), key
-    for key in a["weights"]:
-        torch.testing.assert_close(a["weights"][key], b["weights"][key], atol=5e-5, rtol=1e-4)
 
 
 def test_one_and_two_processes_agree_with_opd(one_and_two):
     one, two = one_and_two
     assert one[0]["metrics"][0]["train/num_steps"] == 2
-    _assert_same_run(one[0], two[0])
+    assert_same_run(one[0], two[0])
     for kl_one, kl_two in zip(one[0]["opd"][0], two[0]["opd"][0]):
         assert kl_one == pytest.approx(kl_two, abs=1e-5)
 
 
+def test_two_processes_with_chunks_recompute_and_token_budgets_agree_with_one_plain(one_and_two):
+    one, two = one_and_two
+    assert_same_run(one[0], two[2])
+
+
 def test_one_and_two_processes_agree_with_sft(one_and_two):
     one, two = one_and_two
-    _assert_same_run(one[1], two[1])
+    assert_same_run(one[1], two[1])
 
 
 def test_checkpoint_from_two_processes_resumes_in_one(ckpts, one_and_two):

@@ -16,8 +16,16 @@ import warnings
 from slime.utils.tcod_arguments import add_multi_turn_tcod_arguments, validate_multi_turn_tcod_args
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+# Positions per LM-head chunk: a few [chunk, vocab] float32 buffers (~0.6 MB per position each at Qwen3's
+# 151,936 tokens), large enough that each chunk is one efficient matmul on a GPU.
+DEFAULT_LOG_PROBS_CHUNK_SIZE = 256
 # Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.
 REWARD_SIDE_KL_ESTIMATORS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def needs_reference(args) -> bool:
+    """Whether the trainer loads a reference model: some KL term to it is on."""
+    return args.kl_coef > 0 or args.use_kl_loss or getattr(args, "kl_ctrl", "fixed") == "adaptive"
 
 
 class ArgumentError(ValueError):
@@ -151,6 +159,33 @@ def add_optimizer_arguments(parser):
     return parser
 
 
+def add_performance_arguments(parser):
+    """Trainer memory: slime's / Megatron's names where they exist (see docs/en/fsdp_backend.md)."""
+    g = parser.add_argument_group("performance")
+    g.add_argument("--log-probs-chunk-size", type=int, default=DEFAULT_LOG_PROBS_CHUNK_SIZE,
+                   help="positions per LM-head chunk when taking log-probs, entropies and OPD KLs, so no "
+                        "[sequence, vocab] float32 logits are held (<= 0: whole rows at once, the old path)")
+    g.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute every decoder layer in backward instead of keeping its activations")
+    g.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
+                   help="Megatron's name: 'full' turns on --gradient-checkpointing (the fsdp backend has no "
+                        "selective recompute)")
+    g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
+                   help="accepted for slime scripts; the fsdp backend recomputes each layer (uniform, 1 layer)")
+    g.add_argument("--recompute-num-layers", type=int, default=None, help="see --recompute-method (only 1)")
+    g.add_argument("--use-dynamic-batch-size", action="store_true",
+                   help="pack micro-batches by tokens (--max-tokens-per-gpu) instead of --micro-batch-size samples")
+    g.add_argument("--max-tokens-per-gpu", type=int, default=None,
+                   help="padded tokens per training micro-batch with --use-dynamic-batch-size")
+    g.add_argument("--log-probs-max-tokens-per-gpu", type=int, default=None,
+                   help="the same for the no-grad log-prob pass (default: --max-tokens-per-gpu)")
+    g.add_argument("--gpu-memory-gb", type=float, default=80.0,
+                   help="device memory the --dry-run memory plan checks the estimate against")
+    g.add_argument("--model-config-json", type=str, default=None,
+                   help="HF config.json for the --dry-run memory plan when --hf-checkpoint is not on this machine")
+    return parser
+
+
 def add_on_policy_distillation_arguments(parser):
     g = parser.add_argument_group("on-policy distillation")
     g.add_argument("--use-opd", action="store_true", help="add the teacher reverse-KL term to the advantages")
@@ -206,6 +241,7 @@ GROUPS = (
     add_reward_arguments,
     add_algorithm_arguments,
     add_optimizer_arguments,
+    add_performance_arguments,
     add_on_policy_distillation_arguments,
     add_multi_turn_tcod_arguments,
     add_kl_controller_arguments,
@@ -348,6 +384,34 @@ def _validate_batching(args):
         _fail("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
 
 
+def _validate_memory(args):
+    if args.recompute_granularity == "selective":
+        _fail("--recompute-granularity selective is Megatron's; the fsdp backend recomputes whole layers: "
+              "use --recompute-granularity full (or --gradient-checkpointing)")
+    if args.recompute_granularity == "full":
+        args.gradient_checkpointing = True
+    if (args.recompute_method or args.recompute_num_layers is not None) and not args.gradient_checkpointing:
+        _fail("--recompute-method / --recompute-num-layers need --recompute-granularity full")
+    if args.recompute_method == "block" or args.recompute_num_layers not in (None, 1):
+        _fail("the fsdp backend recomputes every layer on its own: use --recompute-method uniform "
+              "--recompute-num-layers 1 (or leave both out)")
+    for name in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.use_dynamic_batch_size:
+        if args.max_tokens_per_gpu is None:
+            _fail("--use-dynamic-batch-size needs --max-tokens-per-gpu N (padded tokens per micro-batch)")
+        if args.log_probs_max_tokens_per_gpu is None:
+            args.log_probs_max_tokens_per_gpu = args.max_tokens_per_gpu
+    elif args.max_tokens_per_gpu is not None or args.log_probs_max_tokens_per_gpu is not None:
+        _fail("--max-tokens-per-gpu / --log-probs-max-tokens-per-gpu take effect only with "
+              "--use-dynamic-batch-size: add it, or drop them to batch by --micro-batch-size")
+    if args.gpu_memory_gb <= 0:
+        _fail(f"--gpu-memory-gb must be > 0, got {args.gpu_memory_gb}")
+    if args.model_config_json is not None and not os.path.isfile(args.model_config_json):
+        _fail(f"--model-config-json {args.model_config_json!r} is not a file")
+
+
 def _validate_finite(args):
     """Every float flag must be a finite number: ``nan <= 0`` is False, so range checks alone let NaN through.
 
@@ -421,6 +485,7 @@ def validate_args(args):
         args.ref_load = args.hf_checkpoint
     _validate_ranges(args)
     _validate_batching(args)
+    _validate_memory(args)
     _validate_opd(args)
     _validate_tcod(args)
     _validate_kl(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slime.rollout.tcod import curriculum_depth
+from slime.utils.memory_plan import describe_memory
 
 
 def describe_plan(args) -> list[str]:
@@ -52,6 +53,7 @@ def describe_plan(args) -> list[str]:
         lines.append(f"KL ctrl   : fixed coef {args.kl_coef}; KL loss "
                      f"{'on, coef ' + str(args.kl_loss_coef) if args.use_kl_loss else 'off'}")
     lines.append(f"checkpoint: save {args.save} every {args.save_interval}; load {args.load}")
+    lines.extend(describe_memory(args))
     return lines
 
 

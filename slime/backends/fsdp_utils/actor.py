@@ -28,12 +28,9 @@ import torch.distributed as dist
 from slime.backends.fsdp_utils import checkpoint, data_plan, forward, guards, losses, model_io
 from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, token_mean_and_seq_sum
 from slime.backends.fsdp_utils.gather import all_gather_per_sample, sum_across_ranks
-from slime.utils import opd_kl, teacher_vocab
+from slime.utils import teacher_vocab
+from slime.utils.arguments import needs_reference
 from slime.utils.types import Sample
-
-
-def needs_reference(args) -> bool:
-    return args.kl_coef > 0 or args.use_kl_loss or getattr(args, "kl_ctrl", "fixed") == "adaptive"
 
 
 def _adamw(params, args, lr):
@@ -53,9 +50,13 @@ class FSDPActor:
         self.sft = args.loss_type == "sft_loss"
         self.tokenizer = self._load_tokenizer(args.hf_checkpoint)
 
+        # --log-probs-chunk-size: positions per LM-head chunk (forward.py); <= 0 takes whole rows.
+        self.chunk_size = getattr(args, "log_probs_chunk_size", -1)
         policy = model_io.load_causal_lm(args.hf_checkpoint, "--hf-checkpoint")
         self.vocab_size = policy.config.vocab_size
         self.pad_token_id = self._pad_id(policy.config)
+        if getattr(args, "gradient_checkpointing", False):
+            model_io.enable_activation_checkpointing(policy)
         self.model = model_io.shard(policy, self.mesh, model_io.decoder_layers(policy))
         self.optimizer = _adamw(self.model.parameters(), args, args.lr)
         self.optimizer_steps = 0
@@ -74,6 +75,8 @@ class FSDPActor:
 
             critic = load_value_model(args.critic_load or args.hf_checkpoint,
                                       "--critic-load" if args.critic_load else "--hf-checkpoint")
+            if getattr(args, "gradient_checkpointing", False):
+                model_io.enable_activation_checkpointing(critic.backbone)
             self.critic = model_io.shard(critic, self.mesh, model_io.decoder_layers(critic.backbone))
             self.critic_optimizer = _adamw(self.critic.parameters(), args, args.critic_lr or args.lr)
 
@@ -102,27 +105,37 @@ class FSDPActor:
         # Same size is not enough: a permuted tokenizer would score other tokens than the policy sampled.
         teacher_vocab.check_local_vocab(self.args.hf_checkpoint, path, flag,
                                         policy_vocab=self.tokenizer.get_vocab() if self.tokenizer else None)
-        return model_io.shard(model_io.frozen(model), self.mesh, model_io.decoder_layers(model))
+        return model_io.shard(model_io.frozen(model), self.mesh, model_io.decoder_layers(model), frozen=True)
 
     # ------------------------------------------------------------------ scoring
-    def _log_probs(self, model, batch, with_entropy=False):
-        return forward.log_probs_and_entropy(model, batch, temperature=self.args.rollout_temperature,
-                                             pad_token_id=self.pad_token_id, device=self.device,
-                                             with_entropy=with_entropy)
+    def _score(self, model, batch, *, entropy=False, teacher=None) -> forward.Scores:
+        return forward.score(model, batch, temperature=self.args.rollout_temperature, pad_token_id=self.pad_token_id,
+                             device=self.device, chunk_size=self.chunk_size, entropy=entropy, teacher=teacher)
+
+    def _micro_batches(self, samples: list[Sample], budget_flag: str) -> list[list[int]]:
+        """Consecutive index groups for a no-grad pass over ``samples`` on this rank alone."""
+        return [list(mb.indices) for mb in data_plan.pack(list(range(len(samples))),
+                                                           [len(s.tokens) for s in samples],
+                                                           self.args.micro_batch_size, self._budget(budget_flag))]
+
+    def _budget(self, which: str) -> int | None:
+        """Token budget per micro-batch (--use-dynamic-batch-size), or None for --micro-batch-size counts."""
+        if not getattr(self.args, "use_dynamic_batch_size", False):
+            return None
+        return self.args.log_probs_max_tokens_per_gpu if which == "log_probs" else self.args.max_tokens_per_gpu
 
     @torch.no_grad()
     def log_probs(self, samples: list[Sample], which: str = "policy") -> list[torch.Tensor]:
         """Response-span log-probs of ``policy``, ``ref`` or ``teacher`` for ``samples``, all on this rank.
 
-        Runs ``ceil(len / micro_batch_size)`` forwards, so every rank must pass as many samples.
+        Runs one forward per micro-batch, so every rank must pass samples that pack into as many.
         """
         model = {"policy": self.model, "ref": self.ref, "teacher": self.teacher}[which]
         if model is None:
             raise ValueError(f"no {which} model is loaded in this trainer")
-        mbs = self.args.micro_batch_size
         out = []
-        for start in range(0, len(samples), mbs):
-            out.extend(t.cpu() for t in self._log_probs(model, samples[start:start + mbs])[0])
+        for group in self._micro_batches(samples, "log_probs"):
+            out.extend(t.cpu() for t in self._score(model, [samples[i] for i in group]).log_probs)
         return out
 
     def _exact_kl_source(self) -> str | None:
@@ -133,29 +146,13 @@ class FSDPActor:
             return "full"
         return "topk" if getattr(self.args, "opd_teacher_top_k", 0) else None
 
-    def _opd_kl(self, student_rows, batch, teacher_rows) -> list[torch.Tensor]:
-        """Per-position reverse KL(student || teacher) over whole distributions (see ``slime.utils.opd_kl``)."""
-        if teacher_rows is not None:
-            return [opd_kl.full_reverse_kl(s, t) for s, t in zip(student_rows, teacher_rows)]
-        out = []
-        for rows, sample in zip(student_rows, batch):
-            topk = (sample.metadata or {}).get("teacher_topk")
-            if topk is None or len(topk["ids"]) != sample.response_length:
-                if sample.loss_mask is not None and not any(sample.loss_mask):
-                    out.append(torch.zeros(sample.response_length, device=rows.device))  # nothing trained here
-                    continue
-                raise ValueError(f"sample {sample.index}: no teacher top-k log-probs of response length "
-                                 f"{sample.response_length} (--opd-teacher-top-k needs the teacher server's "
-                                 "top_logprobs_num and on_policy_distillation.post_process_rewards)")
-            out.append(opd_kl.topk_reverse_kl(rows, torch.tensor(topk["ids"]), torch.tensor(topk["logprobs"])))
-        return out
-
-    def _teacher_rows(self, batch):
-        if self.teacher is None:
-            return None
-        with torch.no_grad():
-            return forward.response_log_softmax(self.teacher, batch, temperature=self.args.rollout_temperature,
-                                                pad_token_id=self.pad_token_id, device=self.device)
+    def _kl_teacher(self, batch):
+        """``(in-trainer teacher log-probs or None, what the student's whole-distribution KL is taken against)``."""
+        if self.teacher is not None:
+            return forward.teacher_for_kl(self.teacher, batch, temperature=self.args.rollout_temperature,
+                                          pad_token_id=self.pad_token_id, device=self.device,
+                                          chunk_size=self.chunk_size)
+        return None, forward.topk_teacher(batch, self.device)
 
     @torch.no_grad()
     def _score_rollout(self, samples, owners, n_steps) -> dict[str, list[torch.Tensor]]:
@@ -174,23 +171,27 @@ class FSDPActor:
         fields = list(models) + (["exact_kl"] if exact else [])
         self.model.eval()
         local: dict[int, list[torch.Tensor]] = defaultdict(list)
-        plan = data_plan.plan_forward(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size)
+        plan = data_plan.plan_forward(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size,
+                                      lengths=[len(s.tokens) for s in samples],
+                                      max_tokens=self._budget("log_probs"))
         for mb in plan:
             batch = [samples[i] for i in mb.indices]
-            rows, scored = {}, []
+            results = {}
+            teacher_lp, kl_teacher = self._kl_teacher(batch) if exact else (None, None)
             for name, model in models.items():
                 if name == "values":
-                    scored.append(forward.values(model, batch, pad_token_id=self.pad_token_id, device=self.device))
-                    continue
-                rows[name] = forward.response_log_softmax(model, batch, temperature=args.rollout_temperature,
-                                                          pad_token_id=self.pad_token_id, device=self.device)
-                scored.append(forward.gather_log_probs(rows[name], forward.response_targets(batch, self.device)))
-            if exact:
-                student = rows.get("old") or forward.response_log_softmax(
-                    self.model, batch, temperature=args.rollout_temperature, pad_token_id=self.pad_token_id,
-                    device=self.device)
-                scored.append(self._opd_kl(student, batch, rows.get("teacher")))
-            del rows
+                    results[name] = forward.values(model, batch, pad_token_id=self.pad_token_id, device=self.device)
+                elif name == "teacher" and teacher_lp is not None:
+                    results[name] = teacher_lp
+                elif name == "old" and exact:
+                    scores = self._score(model, batch, teacher=kl_teacher)
+                    results["old"], results["exact_kl"] = scores.log_probs, scores.kl
+                else:
+                    results[name] = self._score(model, batch).log_probs
+            if exact and "exact_kl" not in results:  # --use-rollout-logprobs: the policy still gives the KL
+                results["exact_kl"] = self._score(self.model, batch, teacher=kl_teacher).kl
+            del kl_teacher
+            scored = [results[f] for f in fields]
             if not mb.dummy:
                 for field_scores in scored:
                     for i, score in zip(mb.indices, field_scores):
@@ -221,7 +222,8 @@ class FSDPActor:
         for sample in samples:
             sample.validate()
         n_steps = args.num_steps_per_rollout
-        steps = data_plan.plan_steps(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size)
+        steps = data_plan.plan_steps(len(samples), n_steps, self.world_size, self.rank, args.micro_batch_size,
+                                     lengths=[len(s.tokens) for s in samples], max_tokens=self._budget("train"))
         owners = data_plan.owners(len(samples), n_steps, self.world_size)
         masks = [torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * s.response_length,
                               dtype=torch.float32) for s in samples]
@@ -311,14 +313,10 @@ class FSDPActor:
             def pick(key, mb=mb):
                 return None if per_sample[key] is None else [per_sample[key][i].to(self.device) for i in mb.indices]
 
-            full_opd = self.full_opd and not mb.dummy
-            if full_opd:
-                rows = forward.response_log_softmax(self.model, batch, temperature=args.rollout_temperature,
-                                                    pad_token_id=self.pad_token_id, device=self.device)
-                log_probs = forward.gather_log_probs(rows, forward.response_targets(batch, self.device))
-                entropies = forward.entropies_of(rows)
-            else:
-                log_probs, entropies = self._log_probs(self.model, batch, with_entropy=not self.sft)
+            # Dummy micro-batches run the teacher too: its forward has FSDP collectives every rank must join.
+            teacher = self._kl_teacher(batch)[1] if self.full_opd else None
+            scores = self._score(self.model, batch, entropy=not self.sft, teacher=teacher)
+            log_probs, entropies = scores.log_probs, scores.entropy
             if mb.dummy:
                 loss, mb_metrics = log_probs[0].sum() * 0.0, {}
             elif self.sft:
@@ -327,8 +325,8 @@ class FSDPActor:
                 loss, mb_metrics = losses.policy_loss(args, agg, log_probs=log_probs, entropies=entropies,
                                                       old_log_probs=pick("old"), advantages=pick("adv"),
                                                       masks=mb_masks, ref_log_probs=pick("ref"))
-                if full_opd:
-                    opd_loss = agg(self._opd_kl(rows, batch, self._teacher_rows(batch)), mb_masks)
+                if self.full_opd:
+                    opd_loss = agg(scores.kl, mb_masks)
                     loss = loss + args.opd_kl_coef * opd_loss
                     mb_metrics["opd/full_kl_loss"] = float(opd_loss.detach())
                     mb_metrics["loss"] = float(loss.detach())

@@ -6,7 +6,13 @@ num_steps, micro_batch_size)``, so no rank has to be told what the others hold. 
 * the batch is cut into ``num_steps`` contiguous chunks (sizes differ by at most one), one per
   optimizer step; with the usual flags every chunk holds ``--global-batch-size`` samples;
 * each chunk is cut into ``world_size`` contiguous slices, one per rank;
-* each slice is cut into micro-batches of ``micro_batch_size``.
+* each slice is cut into micro-batches of ``micro_batch_size`` samples or, with a token budget
+  (``--use-dynamic-batch-size --max-tokens-per-gpu N``), packed by tokens: samples sorted longest first,
+  each micro-batch filled while ``samples x longest`` (its padded size) stays within N, so long and
+  short trajectories do not share a count. A sample longer than N gets a micro-batch of its own.
+
+Every loss is normalised by the whole step (``losses``), so how a step is cut into micro-batches
+changes nothing but float rounding.
 
 FSDP2 runs collectives in every forward and backward, so all ranks must run the same number of
 micro-batches. A rank with fewer samples in a step runs padding micro-batches (``MicroBatch.dummy``)
@@ -37,13 +43,28 @@ class MicroBatch:
     dummy: bool = False
 
 
-def _micro_batches(indices: list[int], micro_batch_size: int, count: int, stand_in: int) -> list[MicroBatch]:
-    real = [MicroBatch(tuple(indices[i:i + micro_batch_size])) for i in range(0, len(indices), micro_batch_size)]
+def pack(indices: list[int], lengths: list[int] | None, micro_batch_size: int,
+         max_tokens: int | None = None) -> list[MicroBatch]:
+    """``indices`` cut into micro-batches: by count, or with ``max_tokens`` by padded tokens.
+
+    ``lengths[i]``: the token count of sample ``i`` (indexed by sample, not by position in ``indices``).
+    """
+    if max_tokens is None:
+        return [MicroBatch(tuple(indices[i:i + micro_batch_size])) for i in range(0, len(indices), micro_batch_size)]
+    if lengths is None:
+        raise ValueError("packing by tokens needs the sample lengths")
+    out: list[list[int]] = []
+    for i in sorted(indices, key=lambda j: (-lengths[j], j)):
+        # Sorted longest first, so a micro-batch's first sample sets its padded length.
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return [MicroBatch(tuple(mb)) for mb in out]
+
+
+def _padded(real: list[MicroBatch], count: int, stand_in: int) -> list[MicroBatch]:
     return real + [MicroBatch((stand_in,), dummy=True)] * (count - len(real))
-
-
-def _n_micro(size: int, micro_batch_size: int) -> int:
-    return -(-size // micro_batch_size)
 
 
 @dataclass(frozen=True)
@@ -55,16 +76,20 @@ class StepPlan:
     micro_batches: tuple[MicroBatch, ...]
 
 
-def plan_steps(n_samples: int, num_steps: int, world_size: int, rank: int, micro_batch_size: int) -> list[StepPlan]:
-    """The optimizer steps of one rollout as seen by ``rank`` (empty chunks are dropped)."""
+def plan_steps(n_samples: int, num_steps: int, world_size: int, rank: int, micro_batch_size: int,
+               lengths: list[int] | None = None, max_tokens: int | None = None) -> list[StepPlan]:
+    """The optimizer steps of one rollout as seen by ``rank`` (empty chunks are dropped).
+
+    Every rank packs every rank's slice, so all agree on the step's micro-batch count without talking.
+    """
     if n_samples < 1:
         raise ValueError("the trainer got an empty rollout batch")
     steps = []
     for chunk in split_evenly(list(range(n_samples)), max(1, min(num_steps, n_samples))):
         slices = split_evenly(chunk, world_size)
-        count = max(_n_micro(len(s), micro_batch_size) for s in slices)
-        mine = slices[rank]
-        steps.append(StepPlan(tuple(chunk), tuple(mine), tuple(_micro_batches(mine, micro_batch_size, count, chunk[0]))))
+        packed = [pack(s, lengths, micro_batch_size, max_tokens) for s in slices]
+        count = max(len(p) for p in packed)
+        steps.append(StepPlan(tuple(chunk), tuple(slices[rank]), tuple(_padded(packed[rank], count, chunk[0]))))
     return steps
 
 
@@ -79,9 +104,8 @@ def owners(n_samples: int, num_steps: int, world_size: int, micro_batch_size: in
             for r in range(world_size)]
 
 
-def plan_forward(n_samples: int, num_steps: int, world_size: int, rank: int,
-                 micro_batch_size: int) -> list[MicroBatch]:
+def plan_forward(n_samples: int, num_steps: int, world_size: int, rank: int, micro_batch_size: int,
+                 lengths: list[int] | None = None, max_tokens: int | None = None) -> list[MicroBatch]:
     """Micro-batches of the no-grad log-prob pass over this rank's samples, padded to a common count."""
-    mine_all = owners(n_samples, num_steps, world_size)
-    count = max(_n_micro(len(m), micro_batch_size) for m in mine_all)
-    return _micro_batches(mine_all[rank], micro_batch_size, count, 0)
+    packed = [pack(m, lengths, micro_batch_size, max_tokens) for m in owners(n_samples, num_steps, world_size)]
+    return _padded(packed[rank], max(len(p) for p in packed), 0)

@@ -69,14 +69,32 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard(model: torch.nn.Module, mesh, layers: list[torch.nn.Module]) -> torch.nn.Module:
-    """Wrap each decoder layer, then the root, with FSDP2."""
+def enable_activation_checkpointing(model) -> None:
+    """Recompute every decoder layer in backward (``--gradient-checkpointing``); call before ``shard``.
+
+    transformers checkpoints each layer's ``forward`` inside the module call, so FSDP2's hooks stay outside
+    the checkpoint and the layer's parameters are gathered once for the recompute, not twice.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})  # the non-reentrant form works with inputs that need no gradient
+
+
+def shard(model: torch.nn.Module, mesh, layers: list[torch.nn.Module], *, frozen: bool = False) -> torch.nn.Module:
+    """Wrap each decoder layer, then the root, with FSDP2.
+
+    FSDP keeps a trained root's parameters (embeddings, final norm, LM head) gathered from forward to
+    backward. A frozen model has no backward, so its root is resharded after each forward instead; left
+    gathered it would hold a full copy of embeddings and head on every device between forwards.
+    """
+    from slime.backends.fsdp_utils.forward import attach_response_head
+
     kwargs = {"mesh": mesh}
     if mesh.device_type == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in layers:
         fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    fully_shard(model, **kwargs, **({"reshard_after_forward": True} if frozen else {}))
+    attach_response_head(model)
     return model
 
 

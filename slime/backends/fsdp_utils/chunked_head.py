@@ -1,0 +1,195 @@
+"""Log-probs, entropies and whole-distribution OPD KLs from final hidden states, a chunk of positions at a time.
+
+The plain way (``lm_head(hidden)`` for every position, then a float32 log-softmax) holds
+``[positions, vocab]`` float32 rows of a whole micro-batch, several times over for autograd: with
+Qwen3's 151,936-token vocabulary that is ~0.6 MB per position per copy, far more than the model's own
+activations at long sequence lengths. Here the head runs over ``chunk_size`` positions at a time and
+each chunk's rows are dropped as soon as its per-position results are taken; the backward recomputes
+each chunk's rows and applies the gradient in closed form (below), so peak memory is a few
+``[chunk_size, vocab]`` float32 buffers whatever the sequence length.
+
+Per position, with ``z = (W h + b) / T``, ``logp = log_softmax(z)``, ``p = exp(logp)``:
+
+* log-prob of the target ``a``: ``d/dz = onehot(a) - p``
+* entropy ``H = -sum p logp``: ``d/dz = -p (logp + H)``
+* reverse KL to a teacher with full rows ``logt``, ``KL = sum p (logp - logt)``:
+  ``d/dz = p (logp - logt - KL)`` (the teacher is frozen)
+* the top-k form of that KL (``slime.utils.opd_kl.topk_reverse_kl``) is a function ``f(logp)``; its
+  gradient ``G = df/dlogp`` is taken by autograd on the chunk and mapped through the log-softmax:
+  ``d/dz = G - p * sum(G)``.
+
+Forward values use the same formulas as the unchunked path (``forward.py`` with chunking off and
+``slime.utils.opd_kl``), so the two agree within float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from slime.utils import opd_kl
+
+
+def log_softmax_rows(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     temperature: float) -> torch.Tensor:
+    """``log_softmax((W h + b) / T)`` in float32, the head in the hidden states' dtype (as ``lm_head`` runs)."""
+    return torch.log_softmax(F.linear(hidden, weight, bias).float() / temperature, dim=-1)
+
+
+@dataclass
+class FullTeacher:
+    """A frozen teacher known by its final hidden states at the same positions and its head weight."""
+
+    hidden: torch.Tensor  # [positions, teacher hidden]
+    weight: torch.Tensor  # [vocab, teacher hidden]
+    bias: torch.Tensor | None = None
+
+    def rows(self, sl: slice, temperature: float) -> torch.Tensor:
+        return log_softmax_rows(self.hidden[sl], self.weight, self.bias, temperature)
+
+
+@dataclass
+class TopkTeacher:
+    """A teacher known only by its top-k log-probs per position (a server answering ``top_logprobs_num``)."""
+
+    ids: torch.Tensor  # [positions, k] long
+    log_probs: torch.Tensor  # [positions, k] float32
+    valid: torch.Tensor  # [positions] bool; the KL is 0 (and has no gradient) where False
+
+    def kl(self, student_rows: torch.Tensor, sl: slice) -> torch.Tensor:
+        kl = opd_kl.topk_reverse_kl(student_rows, self.ids[sl], self.log_probs[sl])
+        return torch.where(self.valid[sl].to(kl.device), kl, torch.zeros_like(kl))
+
+
+@dataclass
+class HeadSpec:
+    """What to compute at each position. Output columns: log-prob, then entropy, then KL (when asked)."""
+
+    targets: torch.Tensor  # [positions] long: the token whose log-prob is taken
+    temperature: float
+    chunk_size: int
+    entropy: bool = False
+    teacher: FullTeacher | TopkTeacher | None = None
+
+    @property
+    def columns(self) -> int:
+        return 1 + int(self.entropy) + int(self.teacher is not None)
+
+    def chunks(self, n: int):
+        for start in range(0, n, self.chunk_size):
+            yield slice(start, min(n, start + self.chunk_size))
+
+
+def _chunk_stats(logp: torch.Tensor, spec: HeadSpec, sl: slice) -> list[torch.Tensor]:
+    cols = [logp.gather(-1, spec.targets[sl].unsqueeze(-1)).squeeze(-1)]
+    if spec.entropy:
+        cols.append(-(logp.exp() * logp).sum(-1))
+    if isinstance(spec.teacher, FullTeacher):
+        cols.append(opd_kl.full_reverse_kl(logp, spec.teacher.rows(sl, spec.temperature)))
+    elif isinstance(spec.teacher, TopkTeacher):
+        cols.append(spec.teacher.kl(logp, sl))
+    return cols
+
+
+def _forward(hidden, weight, bias, spec: HeadSpec) -> torch.Tensor:
+    out = torch.empty(hidden.shape[0], spec.columns, dtype=torch.float32, device=hidden.device)
+    for sl in spec.chunks(hidden.shape[0]):
+        logp = log_softmax_rows(hidden[sl], weight, bias, spec.temperature)
+        out[sl] = torch.stack(_chunk_stats(logp, spec, sl), dim=-1)
+        del logp
+    return out
+
+
+def _logits_grad(logp: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, spec: HeadSpec,
+                 sl: slice) -> torch.Tensor:
+    """``d loss / d z`` of one chunk (float32), built in place in the buffers of ``logp`` and ``p``."""
+    g_lp = grad[:, 0]
+    col = 1
+    g_ent = h = None
+    if spec.entropy:
+        g_ent, h = grad[:, col], out[:, col]
+        col += 1
+    g_kl = kl = None
+    if spec.teacher is not None:
+        g_kl, kl = grad[:, col], out[:, col]
+    p = logp.exp()
+    topk_g = None
+    if isinstance(spec.teacher, TopkTeacher):
+        with torch.enable_grad():
+            leaf = logp.detach().requires_grad_(True)
+            (topk_g,) = torch.autograd.grad(spec.teacher.kl(leaf, sl), leaf, g_kl)
+    # S (per row) so that dz = -p * S (+ onehot * g_lp + G for the top-k term):
+    #   S = g_lp + g_ent (logp + H) - g_kl_full (logp - logt - KL) + sum(G)
+    scale = torch.zeros_like(g_lp)
+    row = g_lp.clone()
+    if g_ent is not None:
+        scale += g_ent
+        row += g_ent * h
+    if isinstance(spec.teacher, FullTeacher):
+        scale -= g_kl
+        row += g_kl * kl
+    if topk_g is not None:
+        row += topk_g.sum(-1)
+    s = logp.mul_(scale.unsqueeze(-1))
+    if isinstance(spec.teacher, FullTeacher):
+        s.addcmul_(spec.teacher.rows(sl, spec.temperature), g_kl.unsqueeze(-1))
+    s.add_(row.unsqueeze(-1))
+    dz = p.mul_(s).neg_()
+    del s
+    if topk_g is not None:
+        dz.add_(topk_g)
+    dz.scatter_add_(-1, spec.targets[sl].unsqueeze(-1), g_lp.unsqueeze(-1))
+    return dz.div_(spec.temperature)
+
+
+class _ChunkedHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, spec):
+        out = _forward(hidden, weight, bias, spec)
+        ctx.save_for_backward(hidden, weight, bias, out)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, out = ctx.saved_tensors
+        spec: HeadSpec = ctx.spec
+        grad_out = grad_out.float()
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        # Weight gradients are summed over chunks in float32 (a bf16 sum would round once per chunk).
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if want_b else None
+        for sl in spec.chunks(hidden.shape[0]):
+            logp = log_softmax_rows(hidden[sl], weight, bias, spec.temperature)
+            dz = _logits_grad(logp, grad_out[sl], out[sl], spec, sl).to(weight.dtype)
+            del logp
+            if want_h:
+                grad_h[sl] = dz @ weight
+            if want_w:
+                if weight.dtype == torch.float32:
+                    grad_w.addmm_(dz.t(), hidden[sl])
+                else:
+                    grad_w += dz.t() @ hidden[sl]
+            if want_b:
+                grad_b += dz.float().sum(0)
+            del dz
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None)
+
+
+def head_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: HeadSpec) -> torch.Tensor:
+    """``[positions, spec.columns]`` float32: log-prob of each target, then entropy / KL when asked.
+
+    Differentiable in ``hidden``, ``weight`` and ``bias`` (chunks recomputed in backward). ``hidden`` is
+    ``[positions, hidden]``: only the positions whose results are wanted, not whole padded sequences.
+    """
+    if spec.chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {spec.chunk_size}")
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    if not needs_grad:
+        with torch.no_grad():
+            return _forward(hidden, weight, bias, spec)
+    return _ChunkedHead.apply(hidden, weight, bias, spec)
