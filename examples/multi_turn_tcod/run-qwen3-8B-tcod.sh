@@ -61,6 +61,9 @@ CLUSTER_ARGS=(
   --train-backend fsdp --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
   --rollout-backend sglang --rollout-num-gpus "${ROLLOUT_GPUS}" --rollout-num-gpus-per-engine 1
   --global-batch-size 16 --micro-batch-size 1
+  # Memory (as upstream's OPD script): recompute every layer in backward, and pack micro-batches by
+  # tokens so a 16k-token trajectory and short ones share a budget (see the --dry-run memory plan).
+  --recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384
 )
 ALL_ARGS=("${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${MULTI_TURN_ARGS[@]}" "${EVAL_ARGS[@]}" "${OPD_ARGS[@]}"
           "${TCOD_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${CLUSTER_ARGS[@]}")
