@@ -10,6 +10,7 @@ from _engine_helpers import start_hf_engine
 from examples.multi_turn_tcod.envs import make_env
 from slime.ray.rollout import TooManyFailures, select_trainable
 from slime.rollout.chat_layout import decode_action, encode_observation
+from slime.rollout import teacher_prefix
 from slime.rollout.multi_turn import generate
 from slime.rollout.on_policy_distillation import teacher_payload
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
@@ -175,10 +176,18 @@ def test_b2f_replay_that_finishes_yields_no_training_sample(engine):
 def test_teacher_prefix_source(engine):
     args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
                      "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "1", "--tcod-prefix-source", "teacher")
+    teacher_prefix.CACHE.clear()
     samples = play(args, [task(i, min_dist=4) for i in range(3)], rollout_id=0)
+    # One teacher episode per task, on the real gridnav env; an untrained teacher mostly fails them, and
+    # a failed task falls back to a full student episode (tests/test_teacher_prefix.py has the rest).
+    assert len(teacher_prefix.CACHE.entries) == 3
     for s in samples:
-        assert s.metadata["episode_plan"]["prefix_source"] == "teacher"
-        assert s.metadata["prefix_turns"] >= 1 or s.metadata["outcome"] == "replay_finished"
+        assert s.metadata["episode_plan"]["prefix_source"] == "teacher" and s.metadata["teacher_episode_played"]
+        if s.metadata.get("prefix_fallback"):
+            assert s.metadata["prefix_turns"] == 0 and "prefix_source" not in s.metadata
+        else:
+            assert s.metadata["prefix_source"] in ("teacher_cached", "teacher_live")
+    teacher_prefix.CACHE.clear()
 
 
 def test_env_faults_fail_only_their_episode(engine):

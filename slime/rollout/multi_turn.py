@@ -12,8 +12,10 @@ the teacher and the trainer see exactly the tokens the student sampled.
 
 The episode follows ``sample.metadata["episode_plan"]`` written by the rollout function
 (``slime.rollout.tcod``): ``full`` plays up to ``--max-turns``; ``f2b`` cuts after ``depth`` student
-turns (a normal outcome, recorded as ``cut``); ``b2f`` first replays ``max(0, L_exp - depth)`` expert
-(or teacher) turns into the prompt part, where nothing is trained, then the student plays to the end.
+turns (a normal outcome, recorded as ``cut``); ``b2f`` first replays ``max(0, L - depth)`` turns into
+the prompt part, where nothing is trained, then the student plays to the end. ``L`` and the turns come
+from the expert's actions or, with ``--tcod-prefix-source teacher``, from the teacher's own episode
+(``slime.rollout.teacher_prefix``: played once per task, cached, replayed).
 
 Outcomes in ``metadata["outcome"]``: done, cut, max_turns, context_full, replay_finished, env_error.
 
@@ -55,6 +57,7 @@ from slime.rollout.chat_layout import (action_stop_token_id, decode_action, enco
 from slime.rollout.expert_sft import expert_actions_for
 from slime.rollout.interaction_env import EnvironmentContractError, build_interaction_env
 from slime.rollout.tcod import plan_prefix_length
+from slime.rollout.teacher_prefix import replay_teacher_prefix
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
 
@@ -245,22 +248,23 @@ class _Episode:
 
 async def _replay_prefix(ep: _Episode, env, plan: dict, observation: str, sampling_params: dict):
     """Play the B2F prefix into the prompt part. Returns (observation, end, replayed turns), ``end`` being
-    None, "replay_finished" (the task ended) or "context_full" (no room left for the teacher's turn)."""
+    None, "replay_finished" (the task ended) or "context_full" (no room left for a teacher turn).
+
+    ``--tcod-prefix-source expert``: the task's expert actions (``max(0, L_exp - depth)`` of them);
+    ``teacher``: the teacher's own episode, cached per task (``teacher_prefix.py``). A task with neither
+    (no expert actions; a teacher that failed it) plays the whole episode: ``prefix_fallback``.
+    """
+    if (plan.get("prefix_source") or "expert") == "teacher":
+        return await replay_teacher_prefix(ep, env, plan, observation, sampling_params)
     expert = await ep.env_call(env, "expert_actions()", expert_actions_for, env, ep.sample)
+    if not expert:
+        ep.sample.metadata["prefix_fallback"] = True
     prefix = plan_prefix_length(plan, len(expert) if expert else 0)
-    source = plan.get("prefix_source") or "expert"
+    if prefix:
+        ep.sample.metadata["prefix_source"] = "expert"
     for i in range(prefix):
-        if source == "teacher":
-            room = ep.teacher_room()
-            if room <= 0:  # asking would be a 400 from the teacher (or leave the student no room at all)
-                return observation, "context_full", i
-            out = await ep.sample_turn(ep.args.rm_url, i, sampling_params, salt=10_000, room=room)
-            ids = list(out["output_ids"])
-            action = ep.action_text(ids)
-        else:
-            action = expert[i]
-            ids = encode_action(ep.tokenizer, action)
-        observation, reward, done, info = await ep.env_call(env, "step()", env.step, action)
+        ids = encode_action(ep.tokenizer, expert[i])
+        observation, reward, done, info = await ep.env_call(env, "step()", env.step, expert[i])
         ep.record_step(reward, info or {})
         ep.sample.tokens.extend(ids)
         if done:

@@ -5,6 +5,9 @@ Layout of ``{save}/iter_{rollout_id:07d}/``:
 * ``model/``               written by the trainer group (HF policy, optimizer, critic; see fsdp_backend.md)
 * ``trainer_state.json``   rollout id, data-source position, KL-controller state, python/numpy RNG
 * ``rng.safetensors``      torch RNG state of the driver
+* ``tcod_teacher_episodes.json``  B2F with ``--tcod-prefix-source teacher``: the teacher's recorded
+                           episodes (``slime.rollout.teacher_prefix.CACHE``), so a resumed run replays
+                           the very episodes the interrupted one did instead of asking the teacher again
 
 * ``checksums.json``      size and sha256 of every file above, written last (``checkpoint_files``)
 
@@ -32,9 +35,11 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from slime.rollout import teacher_prefix
 from slime.utils.checkpoint_files import CheckpointError, read_json, read_safetensors, verify_manifest, write_manifest
 
 LATEST = "latest_checkpointed_iteration.txt"
+TEACHER_EPISODES = "tcod_teacher_episodes.json"
 _ITER = re.compile(r"iter_(\d{7})$")
 logger = logging.getLogger(__name__)
 
@@ -78,6 +83,9 @@ def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controlle
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    # The rollout side's state beyond the data position: only runs with teacher prefixes have any.
+    if teacher_prefix.CACHE.entries:
+        (tmp / TEACHER_EPISODES).write_text(json.dumps(teacher_prefix.CACHE.state_dict()))
     write_manifest(tmp)  # last: a folder with a manifest is complete, and --load can verify every file
     if final.exists():
         shutil.rmtree(final)
@@ -150,5 +158,8 @@ def load_checkpoint(load, *, trainer, data_source, kl_controller, verify: bool =
     data_source.load_state_dict(state["data_source"])
     kl_controller.load_state_dict(state["kl_controller"])
     _set_rng_state(state["rng"], read_safetensors(folder / "rng.safetensors"))
+    # Replaced, not merged: what this process may have cached belongs to no step of the loaded run.
+    episodes = folder / TEACHER_EPISODES
+    teacher_prefix.CACHE.load_state_dict(read_json(episodes) if episodes.exists() else None)
     state["folder"] = str(folder)
     return state

@@ -74,6 +74,24 @@ def warn_if_turns_cut(args, fraction: float | None, where: str) -> None:
                    getattr(args, "max_turn_response_len", None))
 
 
+PREFIX_SOURCES = ("expert", "teacher_cached", "teacher_live")
+
+
+def prefix_source_metrics(samples) -> dict:
+    """B2F: how many episodes got their prefix from each source, and how many fell back to vanilla.
+
+    A sample counts under a source only when at least one turn was replayed from it (at full depth the
+    prefix is empty and nothing is counted); ``prefix_fallback`` counts the episodes whose task had no
+    prefix to give (no expert actions, or a teacher that failed the task); ``teacher_episodes`` the
+    teacher episodes played this step (cache misses: the teacher-prefix cost).
+    """
+    out = {f"tcod/prefix_source_{name}": sum(1 for s in samples if s.metadata.get("prefix_source") == name)
+           for name in PREFIX_SOURCES}
+    out["tcod/prefix_fallback"] = sum(1 for s in samples if s.metadata.get("prefix_fallback"))
+    out["tcod/teacher_episodes"] = sum(1 for s in samples if s.metadata.get("teacher_episode_played"))
+    return out
+
+
 def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
     """Metrics of the generated groups (all samples) and of the trained ones (``samples``)."""
     everything = [s for g in groups for s in g]
@@ -100,6 +118,8 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         if any("depth" in p for p in plans):
             out["tcod/depth"] = max(p.get("depth", 0) for p in plans)
         out["tcod/prefix_len"] = _mean(s.metadata.get("prefix_turns", 0) for s in multi)
+        if any(p.get("mode") == "b2f" for p in plans):
+            out.update(prefix_source_metrics(multi))
     kl_lists = train_stats.get("per_sample_opd_kl")
     if kl_lists:
         turns, trajectory = per_turn_kl(samples, kl_lists)

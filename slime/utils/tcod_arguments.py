@@ -40,7 +40,9 @@ def add_tcod_arguments(parser):
     g.add_argument("--tcod-eta", type=int, default=None, help="rollout steps per depth increment (required)")
     g.add_argument("--tcod-k-max", type=int, default=None, help="largest depth (default: --max-turns)")
     g.add_argument("--tcod-prefix-source", choices=("expert", "teacher"), default=None,
-                   help="b2f only: replay expert actions (default) or let the teacher server play the prefix")
+                   help="b2f only: where the replayed prefix comes from. expert (default): the task's expert "
+                        "actions, L = their number; teacher: the teacher server's own episode of the task, "
+                        "played once, cached and replayed, L = its length (no expert data needed)")
     return parser
 
 
@@ -102,5 +104,8 @@ def validate_multi_turn_tcod_args(args) -> None:
         if flag("tcod_prefix_source") is None:
             args.tcod_prefix_source = "expert"
         if args.tcod_prefix_source == "teacher" and (flag("opd_type") != "sglang" or not flag("rm_url")):
+            # An in-trainer teacher (--opd-type megatron) only scores: it lives in the trainer, which
+            # does not generate, and the rollout side has no way to ask it for an episode.
             raise ValueError("--tcod-prefix-source teacher needs a teacher server that can generate: "
-                             "--opd-type sglang with --rm-url")
+                             "--opd-type sglang with --rm-url (an in-trainer teacher, --opd-type megatron, "
+                             "only scores and cannot play the prefix episodes)")

@@ -35,6 +35,7 @@ MARK = "multi_turn_tcod (examples/multi_turn_tcod/upstream/port.py)"
 CONTRIBUTION_FILES = (
     "slime/rollout/tcod.py",
     "slime/rollout/multi_turn.py",
+    "slime/rollout/teacher_prefix.py",
     "slime/rollout/interaction_env.py",
     "slime/rollout/chat_layout.py",
     "slime/rollout/expert_sft.py",

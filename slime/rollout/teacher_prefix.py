@@ -1,0 +1,218 @@
+"""B2F prefixes from the teacher's own episode (``--tcod-prefix-source teacher``), no expert data needed.
+
+The TCOD proposal seeds the student with the first ``L - k(n)`` turns of the teacher's episode, ``L``
+being that episode's length. So, per task:
+
+1. The teacher server (``--rm-url``) plays the whole episode once, in an environment of its own, from
+   reset until done or ``--max-turns``. Its actions, token ids and observations are kept in
+   :data:`CACHE`, keyed by the task's identity and ``--rollout-seed`` (the teacher is frozen, so the
+   episode would come out the same anyway; the cache saves the teacher's turns at every later step).
+2. Each B2F episode replays the first ``max(0, L - k(n))`` recorded turns into the student's own
+   environment: every action is executed again with ``env.step`` and the teacher's token ids go into
+   the prompt part, masked from training like an expert prefix.
+3. An environment that does not replay deterministically is found out by comparing each observation
+   with the recorded one. From the first difference on, and for that task at every later step, the
+   teacher plays the prefix live in the student's environment (same length ``L - k(n)``).
+
+A task the teacher fails (no success before done, ``--max-turns`` or a full context) falls back to
+vanilla OPD: prefix 0, the student plays the whole episode. Seeding the student with a failing path
+would teach it to start from the teacher's mistakes. Such samples are counted in
+``tcod/prefix_fallback``. The failure is cached too: a frozen teacher would fail again.
+
+Checkpointing: the cache is a JSON-able ``state_dict``. This project's ``save_checkpoint`` writes it
+into every checkpoint and ``--load`` restores it, so a resumed run replays exactly the episodes the
+interrupted one recorded. Upstream slime's checkpoint does not know about it: there the cache lives as
+long as the rollout process (see ``docs/en/advanced/multi-turn-tcod.md``).
+
+Part of the slime contribution: it imports from slime only ``Sample`` and the other contribution files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+
+from slime.rollout.chat_layout import encode_observation, encode_prompt
+from slime.rollout.interaction_env import build_interaction_env
+from slime.utils.types import Sample
+
+# Metadata fields the rollout and the agent loop write into a sample: not part of the task's identity.
+_VOLATILE_METADATA = frozenset((
+    "episode_plan", "prefix_turns", "prefix_source", "prefix_fallback", "teacher_episode_played", "task_reward",
+    "turn_spans", "turn_rewards", "num_turns", "turns_without_stop", "success", "outcome", "error",
+    "teacher_topk"))
+# Per-turn seed offset of the teacher's turns, kept apart from the student's (turn + 1) offsets.
+_TEACHER_SALT = 10_000
+
+
+def task_key(args, sample: Sample) -> str:
+    """Cache key: the task (prompt, label, metadata without rollout fields) and ``--rollout-seed``.
+
+    The sample's index is left out on purpose: the ``n_samples_per_prompt`` copies of one prompt, and
+    the same prompt in a later epoch, are the same task and share the teacher's episode.
+    """
+    metadata = {k: v for k, v in (sample.metadata or {}).items() if k not in _VOLATILE_METADATA}
+    task = json.dumps({"prompt": sample.prompt, "label": sample.label, "metadata": metadata},
+                      sort_keys=True, default=str)
+    return f"seed{int(getattr(args, 'rollout_seed', 0) or 0)}:{hashlib.sha256(task.encode()).hexdigest()[:32]}"
+
+
+def teacher_seed(key: str) -> int:
+    """The teacher episode's base sampling seed: a function of the key only, so a replayed-live prefix
+    draws what the recorded episode drew."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % (2**31 - 1)
+
+
+class TeacherEpisodeCache:
+    """Teacher episodes by :func:`task_key`; each entry is a plain dict (JSON-able, see ``_record``)."""
+
+    def __init__(self):
+        self.entries: dict[str, dict] = {}
+        self._pending: dict[str, asyncio.Future] = {}  # keys whose episode is being played right now
+
+    def state_dict(self) -> dict:
+        return {"version": 1, "entries": copy.deepcopy(self.entries)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Replace the cache with a saved one (``None``: a checkpoint without teacher episodes: empty)."""
+        if state is not None and state.get("version") != 1:
+            raise ValueError(f"teacher-episode cache: unknown version {state.get('version')!r}")
+        self.entries = copy.deepcopy((state or {}).get("entries", {}))
+        self._pending = {}
+
+    def clear(self) -> None:
+        self.load_state_dict(None)
+
+    async def get_or_play(self, key: str, play) -> tuple[dict, bool]:
+        """(entry, played_now). Concurrent episodes of one task (a group) wait for one teacher episode."""
+        if key in self.entries:
+            return self.entries[key], False
+        if key in self._pending:
+            return await asyncio.shield(self._pending[key]), False
+        future = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            entry = await play()
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # retrieved: nobody else may be waiting
+            raise
+        finally:
+            self._pending.pop(key, None)
+        self.entries[key] = entry
+        future.set_result(entry)
+        return entry, True
+
+
+CACHE = TeacherEpisodeCache()
+
+
+# ---------------------------------------------------------------------------- the teacher's episode
+def _teacher_params(sampling_params: dict, key: str) -> dict:
+    params = dict(sampling_params)
+    if params.get("sampling_seed") is not None:  # seeded only where the student is (deterministic engines)
+        params["sampling_seed"] = teacher_seed(key)
+    return params
+
+
+async def play_teacher_episode(ep, sample: Sample, sampling_params: dict, key: str) -> dict:
+    """The teacher plays ``sample``'s task from reset in an environment of its own; returns the record.
+
+    ``ep`` is the student's ``multi_turn._Episode`` (for its limits, tokenizer and env timeout). An
+    environment fault propagates (the student's episode fails as it would have in its own env, and
+    nothing is cached); engine errors propagate as everywhere in the agent loop.
+    """
+    from slime.rollout.multi_turn import _close, _env_call, _Episode  # the agent loop imports this module
+
+    scratch = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt,
+                     label=sample.label, metadata=copy.deepcopy(sample.metadata))
+    teacher = _Episode(ep.args, scratch, ep.tokenizer, ep.evaluation)
+    params = _teacher_params(sampling_params, key)
+    path = getattr(ep.args, "rollout_interaction_env_path", None)
+    env = await _env_call(ep.env_timeout, f"environment {path}: build (teacher episode)",
+                          build_interaction_env, ep.args, scratch)
+    record = {"actions": [], "action_ids": [], "observations": [], "success": False, "end": "max_turns"}
+    try:
+        observation = await teacher.env_call(env, "reset()", env.reset)
+        record["observations"].append(observation)
+        scratch.tokens = list(encode_prompt(ep.tokenizer, observation))
+        for turn in range(int(ep.args.max_turns)):
+            room = teacher.teacher_room()
+            if room <= 0:
+                record["end"] = "context_full"
+                break
+            out = await teacher.sample_turn(ep.args.rm_url, turn, params, salt=_TEACHER_SALT, room=room)
+            ids = list(out["output_ids"])
+            action = teacher.action_text(ids)
+            observation, reward, done, info = await teacher.env_call(env, "step()", env.step, action)
+            teacher.record_step(reward, info or {})
+            record["actions"].append(action)
+            record["action_ids"].append(ids)
+            record["observations"].append(observation)
+            if done:
+                record["end"] = "done"
+                break
+            scratch.tokens.extend(ids)
+            scratch.tokens.extend(encode_observation(ep.tokenizer, observation))
+    finally:
+        hung = await _close(env, ep.env_timeout, scratch)
+    if hung is not None:  # an env whose close hangs is in an unknown state: do not trust what it recorded
+        raise hung
+    record["success"] = bool(teacher.success)
+    record["length"] = len(record["actions"])
+    record["replayable"] = True  # until a replay shows otherwise
+    return record
+
+
+def usable(record: dict) -> bool:
+    """Only a successful teacher episode seeds the student (see the module docstring)."""
+    return bool(record.get("success")) and record.get("end") == "done"
+
+
+# ---------------------------------------------------------------------------- the prefix
+async def replay_teacher_prefix(ep, env, plan: dict, observation: str, sampling_params: dict):
+    """Play the B2F prefix from the teacher's episode into the prompt part of ``ep.sample``.
+
+    Returns ``(observation, end, turns)`` like the expert replay and writes ``prefix_source``
+    (``teacher_cached`` / ``teacher_live`` / None), ``prefix_fallback`` and ``teacher_episode_played``
+    into the sample's metadata.
+    """
+    sample = ep.sample
+    key = task_key(ep.args, sample)
+    record, played = await CACHE.get_or_play(key, lambda: play_teacher_episode(ep, sample, sampling_params, key))
+    sample.metadata["teacher_episode_played"] = played
+    if not usable(record):
+        sample.metadata["prefix_fallback"] = True
+        return observation, None, 0
+    prefix = max(0, record["length"] - int(plan["depth"]))
+    if observation != record["observations"][0]:
+        record["replayable"] = False  # a different reset: the recorded actions may not even be legal
+    live = not record["replayable"]
+    params = _teacher_params(sampling_params, key)
+    for i in range(prefix):
+        if live:
+            room = ep.teacher_room()
+            if room <= 0:
+                return observation, "context_full", i
+            out = await ep.sample_turn(ep.args.rm_url, i, params, salt=_TEACHER_SALT, room=room)
+            ids = list(out["output_ids"])
+            action = ep.action_text(ids)
+        else:
+            ids, action = list(record["action_ids"][i]), record["actions"][i]
+        observation, reward, done, info = await ep.env_call(env, "step()", env.step, action)
+        ep.record_step(reward, info or {})
+        sample.tokens.extend(ids)
+        if not live and observation != record["observations"][i + 1]:
+            # The env does not replay what it showed the teacher: the recorded actions no longer fit
+            # the state, so the teacher plays the rest live, here and at every later step of this task.
+            record["replayable"] = False
+            live = True
+        if done:
+            sample.metadata["prefix_source"] = "teacher_live" if live else "teacher_cached"
+            return observation, "replay_finished", i + 1
+        sample.tokens.extend(encode_observation(ep.tokenizer, observation))
+    if prefix:
+        sample.metadata["prefix_source"] = "teacher_live" if live else "teacher_cached"
+    return observation, None, prefix
