@@ -133,6 +133,9 @@ def test_cache_hits_misses_and_keys(engine):
     assert teacher_prefix.task_key(args, a) != teacher_prefix.task_key(other_seed, a)
     [fresh] = play(other_seed, [task(13, length=4)], step=0)
     assert fresh.metadata["teacher_episode_played"] is True and len(CACHE.entries) == 2
+    # At full depth (k = --max-turns) every prefix is empty: no teacher episode is played at all.
+    [full] = play(args, [task(14, length=2)], step=5)
+    assert "teacher_episode_played" not in full.metadata and len(CACHE.entries) == 2
 
 
 def test_resume_restores_the_cache_and_replays_exactly(engine, tmp_path, monkeypatch):

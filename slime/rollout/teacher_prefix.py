@@ -180,6 +180,10 @@ async def replay_teacher_prefix(ep, env, plan: dict, observation: str, sampling_
     into the sample's metadata.
     """
     sample = ep.sample
+    if int(plan["depth"]) >= int(ep.args.max_turns):
+        # A teacher episode has at most --max-turns turns, so at this depth every prefix is empty:
+        # the teacher need not play (at full depth B2F costs what vanilla OPD does).
+        return observation, None, 0
     key = task_key(ep.args, sample)
     record, played = await CACHE.get_or_play(key, lambda: play_teacher_episode(ep, sample, sampling_params, key))
     sample.metadata["teacher_episode_played"] = played
