@@ -12,7 +12,8 @@
 # rollout (global batch = BATCH episodes), evaluated at the rollout temperature 1.0 that OPD matches.
 # Environment: SETTING (gridnav | hanoi | gridnav-long), SEEDS ("0 1 2 3 4"), STEPS, ETA, BATCH, LR,
 # EVAL_INTERVAL (default STEPS: one evaluation, at the end), EVAL_N (held-out tasks, default 96),
-# EVAL_TEMPERATURE (default 1.0), OPD_LOSS (full | sampled, default full as in the demo),
+# EVAL_TEMPERATURE (default 1.0), OPD_LOSS (full | sampled, default full as in the demo), METHODS
+# (default "opd f2b b2f"; b2ft = B2F with the teacher's own episode as prefix, expert paths hidden),
 # TEACHER_STEPS, STUDENT_STEPS, TEACHER, STUDENT, LABEL (names the outputs and results, default
 # SETTING), OUT_DIR (default outputs/tcod-vs-opd/LABEL).
 set -euo pipefail
@@ -58,6 +59,14 @@ phase "tasks (train seeds 0.., eval seeds 100000..)"
 "${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${ENV_ARGS[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
 "${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${ENV_ARGS[@]}" --n "${EVAL_N}" --seed 100000 \
   --out "${OUT_DIR}/eval.jsonl"
+# The same training tasks with their expert paths removed, for B2F with the teacher's own prefix (b2ft).
+"${PYTHON}" -c "
+import json, sys
+with open(sys.argv[1]) as src, open(sys.argv[2], 'w') as dst:
+    for line in src:
+        row = json.loads(line); row.pop('expert_actions', None); (row.get('metadata') or {}).pop('expert_actions', None)
+        dst.write(json.dumps(row) + '\\n')
+" "${OUT_DIR}/train.jsonl" "${OUT_DIR}/train_noexpert.jsonl"
 # The run-tiny-tcod.sh flags minus the seeds, which vary per run below.
 base_args() {
   printf '%s\n' --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle \
@@ -114,9 +123,11 @@ declare -A RUN_ARGS=(
   [opd]=""
   [f2b]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta ${ETA}"
   [b2f]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+  # B2F whose prefix is the teacher's own episode: expert paths hidden from data and environment.
+  [b2ft]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source teacher --prompt-data ${OUT_DIR}/train_noexpert.jsonl --rollout-interaction-env-path examples.multi_turn_tcod.envs.no_expert.make_env"
 )
 for seed in ${SEEDS}; do
-  for run in opd f2b b2f; do
+  for run in ${METHODS:-opd f2b b2f}; do
     phase "seed ${seed} ${run}: ${STEPS} steps x ${BATCH} episodes"
     dir="${OUT_DIR}/seed${seed}/${run}"
     rm -rf "${dir}"; mkdir -p "${OUT_DIR}/seed${seed}"

@@ -3,7 +3,7 @@
     python benchmarks/tcod_vs_opd_report.py --dir outputs/tcod-vs-opd/gridnav --setting gridnav \\
         [--teacher-success 0.75] [--start-eval 0.46]
 
-Reads DIR/seed*/{opd,f2b,b2f}/metrics.jsonl. Per-run numbers come from
+Reads DIR/seed*/{opd,f2b,b2f,b2ft}/metrics.jsonl (b2ft: B2F with the teacher's own prefix). Per-run numbers come from
 examples/multi_turn_tcod/report.py (``summarize``: start/end of per-step series are 3-step means);
 this module only averages them over seeds. Writes benchmarks/results/tcod_vs_opd/SETTING.md and
 .json, and docs/en/assets/tcod_vs_opd_SETTING.png.
@@ -28,7 +28,10 @@ from slime.utils.metrics import read_metrics  # noqa: E402
 sys.path.insert(0, str(REPO / "benchmarks"))
 import stats  # noqa: E402
 
-METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
+METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"), ("b2ft", "TCOD-B2F, teacher prefix"))
+# (method, baseline) pairs tested per setting, where both ran.
+COMPARISONS = (("TCOD-F2B", "vanilla OPD"), ("TCOD-B2F", "vanilla OPD"), ("TCOD-B2F, teacher prefix", "vanilla OPD"),
+               ("TCOD-B2F, teacher prefix", "TCOD-B2F"))
 
 
 def load(out_dir: Path) -> dict[str, dict[int, list[dict]]]:
@@ -113,16 +116,13 @@ def table(runs, start_eval) -> tuple[str, dict]:
 
 
 def significance(summary: dict) -> str:
-    """TCOD vs vanilla OPD per comparison: final eval success and train-loop wall time, paired by seed
-    where both methods ran the same seeds (else Welch), two-sided p."""
-    base = summary.get("vanilla OPD")
-    if not base:
-        return ""
-    lines = ["", "| comparison (vs vanilla OPD) | metric | difference of means | paired t-test p (seeds) | "
-                 "Welch p |", "| --- | --- | --- | --- | --- |"]
-    for name in ("TCOD-F2B", "TCOD-B2F"):
-        other = summary.get(name)
-        if not other:
+    """Each pair of COMPARISONS: final eval success and train-loop wall time, paired by seed where both
+    methods ran the same seeds (and Welch), two-sided p."""
+    lines = ["", "| comparison | metric | difference of means | paired t-test p (seeds) | Welch p |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, baseline in COMPARISONS:
+        other, base = summary.get(name), summary.get(baseline)
+        if not other or not base:
             continue
         seeds = sorted(set(base["per_seed"]) & set(other["per_seed"]))
         for key, label in (("eval_success_end", "eval success, end"), ("wall_time_s", "wall time s")):
@@ -133,9 +133,10 @@ def significance(summary: dict) -> str:
             diff = statistics.fmean(a) - statistics.fmean(b)
             _, p_paired = stats.paired(a, b)
             _, p_welch = stats.welch(a, b)
-            other["mean_std"][f"p_paired_{key}"] = (p_paired, None)
-            lines.append(f"| {name} | {label} | {diff:+.3f} | {p_paired:.3g} ({len(seeds)}) | {p_welch:.3g} |")
-    return "\n".join(lines)
+            other["mean_std"][f"p_paired_{key}_vs_{baseline}"] = (p_paired, None)
+            lines.append(f"| {name} vs {baseline} | {label} | {diff:+.3f} | {p_paired:.3g} ({len(seeds)}) | "
+                         f"{p_welch:.3g} |")
+    return "\n".join(lines) if len(lines) > 3 else ""
 
 
 def per_turn_early_late(runs, method) -> tuple[list, list]:
