@@ -180,7 +180,7 @@ class RolloutManager:
             await asyncio.gather(*(update_weights_from_disk(url, hf_path) for url in urls))
 
         run_async(push_all())
-        logger.info("weights from %s pushed to %d engine(s)", hf_path, len(urls))
+        logger.debug("weights from %s pushed to %d engine(s)", hf_path, len(urls))
 
     def shutdown(self):
         for engine in self.engines:
