@@ -23,7 +23,7 @@ SEED="${SEED:-0}"
 # held-out tasks at temperature 1.0 this run's checkpoints solve 0.21 after 20 steps and 0.76 after 90.
 TEACHER_STEPS="${TEACHER_STEPS:-90}"   # SFT rollout steps of the teacher (720 optimizer steps)
 STUDENT_STEPS="${STUDENT_STEPS:-20}"   # the student is the same SFT run's checkpoint after this many
-STEPS="${STEPS:-48}"                   # OPD / TCOD steps per method
+STEPS="${STEPS:-60}"                   # OPD / TCOD steps per method
 BATCH="${BATCH:-16}"                   # episodes per OPD step = one optimizer step (global batch)
 LR="${LR:-1e-3}"                       # sampled OPD at 3e-3 diverged (KL 0.26 -> 0.56)
 ETA="${ETA:-3}"                        # TCOD: steps per depth increment (depth reaches 10 at step 27)
@@ -100,8 +100,8 @@ OPD=(
   "${COMMON[@]}" --hf-checkpoint "${STUDENT}" --rollout-batch-size "${BATCH}" --micro-batch-size 8
   --global-batch-size "${BATCH}" --num-rollout "${STEPS}" --lr "${LR}" --rollout-temperature 1.0
   # The student's start is the SFT run's evaluation of this same checkpoint: not repeated per run.
-  # Evaluations halfway and at the end: each costs about as much as several training steps.
-  --eval-interval "$(( STEPS / 2 ))" --skip-eval-before-train
+  # One evaluation, at the end: each costs about as much as five training steps.
+  --eval-interval "${STEPS}" --skip-eval-before-train
   --use-opd --opd-loss "${OPD_LOSS}" --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate"
   --custom-rm-path slime.rollout.on_policy_distillation.reward_func
   --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
