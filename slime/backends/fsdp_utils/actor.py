@@ -99,10 +99,8 @@ class FSDPActor:
 
     def _load_frozen(self, path, flag):
         model = model_io.load_causal_lm(path, flag)
-        if model.config.vocab_size != self.vocab_size:
-            raise ValueError(f"{flag} {path!r} has vocab_size {model.config.vocab_size} but the policy has "
-                             f"{self.vocab_size}: it must share the policy's tokenizer to score its tokens")
-        # Same size is not enough: a permuted tokenizer would score other tokens than the policy sampled.
+        # Model vocabulary sizes, and tokenizers where both folders have one (a same-size but permuted
+        # tokenizer would score other tokens than the policy sampled).
         teacher_vocab.check_local_vocab(self.args.hf_checkpoint, path, flag,
                                         policy_vocab=self.tokenizer.get_vocab() if self.tokenizer else None)
         return model_io.shard(model_io.frozen(model), self.mesh, model_io.decoder_layers(model), frozen=True)
