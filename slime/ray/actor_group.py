@@ -26,6 +26,17 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(slime.__file__)))
 
 
+def trainer_class(backend: str):
+    """The per-process trainer of ``--train-backend`` (imported lazily: Megatron is optional)."""
+    if backend == "megatron":
+        from slime.backends.megatron_utils.actor import MegatronActor
+
+        return MegatronActor
+    from slime.backends.fsdp_utils.actor import FSDPActor
+
+    return FSDPActor
+
+
 class TrainerWorker:
     """One trainer process (wrapped by ``ray.remote`` in :class:`TrainerGroup`)."""
 
@@ -41,12 +52,11 @@ class TrainerWorker:
     def setup(self, master_addr: str, master_port: int) -> bool:
         import transformers
 
-        from slime.backends.fsdp_utils.actor import FSDPActor
         from slime.backends.fsdp_utils.launch import init_distributed
 
         transformers.utils.logging.disable_progress_bar()
         init_distributed(self.rank, self.world_size, master_addr, master_port)
-        self.actor = FSDPActor(self.args, self.rank, self.world_size)
+        self.actor = trainer_class(self.args.train_backend)(self.args, self.rank, self.world_size)
         return True
 
     def train(self, rollout_id, samples, kl_coef):

@@ -79,16 +79,17 @@ def write_hf(actor, folder: str) -> None:
     _barrier()
 
 
-def export_hf(actor, folder: str) -> None:
-    """HF weights for the engines. Written next to ``folder`` and swapped in, so an engine never reads a
-    half-written file and files an engine may still map are unlinked, not overwritten."""
+def export_hf(actor, folder: str, write=write_hf) -> None:
+    """HF weights for the engines (``write(actor, folder)``, a collective). Written next to ``folder`` and
+    swapped in, so an engine never reads a half-written file and files an engine may still map are
+    unlinked, not overwritten."""
     folder = os.path.abspath(folder)
     staging, retired = folder + ".writing", folder + ".old"
     if _rank() == 0:
         for leftover in (staging, retired):
             shutil.rmtree(leftover, ignore_errors=True)
     _barrier()
-    write_hf(actor, staging)
+    write(actor, staging)
     if _rank() == 0:
         if os.path.exists(folder):
             os.replace(folder, retired)
