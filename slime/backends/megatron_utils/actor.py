@@ -7,8 +7,8 @@ update logic is ``RolloutTrainer``'s, shared with the FSDP backend; this class p
 
 * scoring through ``megatron_utils.forward`` (the decoder, then the shared chunked LM head);
 * gradients: averaged over the data-parallel group by one flat all-reduce after the micro-batches
-  (Megatron's DDP buffers assume CUDA); with sequence parallelism, the replicated norms' gradients are
-  also summed over the tensor-parallel group, as Megatron does;
+  (Megatron's DDP buffers assume CUDA); replicated parameters whose gradient is a per-rank share (q/k
+  norms, and every norm with sequence parallelism) are summed over the tensor-parallel group;
 * the global gradient norm counts tensor-parallel shards once each and replicated parameters once;
 * ``torch.optim.AdamW`` over the float32 local shards: element-wise, so sharding does not change it.
 
@@ -117,26 +117,33 @@ class MegatronActor(RolloutTrainer):
                                           device=self.device, chunk_size=self.chunk_size)
         return None, topk_teacher(batch, self.device)
 
-    def _params_with_grads(self, model) -> list[torch.nn.Parameter]:
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:  # a parameter no micro-batch reached still takes part in the reductions
-                p.grad = torch.zeros_like(p)
-        return params
+    def _named_grads(self, model) -> dict[str, torch.Tensor]:
+        """Gradients by local-spec parameter name; a parameter no micro-batch reached gets zeros, so it
+        still takes part in the reductions."""
+        out = {}
+        for name, p in hf_weights.from_te_names(dict(model.named_parameters())).items():
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                out[name] = p.grad
+        return out
 
     def _reduce_grads(self, model) -> None:
-        params = self._params_with_grads(model)
+        grads = self._named_grads(model)
         if self.dp_size > 1:
-            _all_reduce_flat([p.grad for p in params], self.dp_group, average=True)
-        if model.config.sequence_parallel:
-            replicated = [p.grad for p in params if getattr(p, "sequence_parallel", False)]
-            if replicated:
-                _all_reduce_flat(replicated, self.tp_group, average=False)
+            _all_reduce_flat(list(grads.values()), self.dp_group, average=True)
+        if self.layout.tp_size > 1:
+            sp = model.config.sequence_parallel
+            partial = [g for name, g in grads.items() if hf_weights.grad_is_partial_over_tp(name, sp)]
+            if partial:
+                _all_reduce_flat(partial, self.tp_group, average=False)
 
     def _clip_grads(self, model) -> float:
-        params = self._params_with_grads(model)
-        first_tp_rank = self.layout.tp_rank == 0
-        counted = [p.grad.float() for p in params if getattr(p, "tensor_model_parallel", False) or first_tp_rank]
+        grads = self._named_grads(model)
+        # Tensor-parallel shards are disjoint: each rank counts its own. Replicated parameters hold the same
+        # gradient on every rank (after _reduce_grads): only the first rank counts them.
+        counted = [g.float() for name, g in grads.items()
+                   if hf_weights.is_tensor_parallel(name) or self.layout.tp_rank == 0]
         square = torch.stack([g.pow(2).sum() for g in counted]).sum() if counted else torch.zeros((), device=self.device)
         if self.layout.tp_size > 1:
             dist.all_reduce(square, group=self.tp_group)
@@ -144,8 +151,8 @@ class MegatronActor(RolloutTrainer):
         max_norm = self.args.clip_grad if self.args.clip_grad and self.args.clip_grad > 0 else float("inf")
         coef = max_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_'s rule, as the FSDP backend uses
         if coef < 1.0:
-            for p in params:
-                p.grad.mul_(coef)
+            for g in grads.values():
+                g.mul_(coef)
         return norm
 
     # ------------------------------------------------------------------ checkpoints

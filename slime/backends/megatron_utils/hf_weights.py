@@ -136,6 +136,22 @@ def _rule(key: str) -> str:
     return "replicated"
 
 
+def is_tensor_parallel(key: str) -> bool:
+    """Whether each tensor-parallel rank holds a different part of this parameter."""
+    return _rule(key) != "replicated"
+
+
+def grad_is_partial_over_tp(key: str, sequence_parallel: bool) -> bool:
+    """Whether a replicated parameter's gradient on one tensor-parallel rank is only that rank's share.
+
+    q/k norms are shared by all heads, and each rank runs only its own heads; with sequence parallelism
+    every norm sees only its rank's part of the sequence. Megatron sums such gradients over the group.
+    """
+    if is_tensor_parallel(key):
+        return False
+    return sequence_parallel or key.endswith(("q_layernorm.weight", "k_layernorm.weight"))
+
+
 def shard(full: dict[str, torch.Tensor], shape: GPTShape, tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
     """The tensor-parallel rank's part of every full tensor (vocabulary padded with zero rows)."""
     out = {}
