@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import queue
+
 import torch
 
 from fsdp_helpers import make_args, make_samples
@@ -42,3 +45,23 @@ def train_worker(rank, world, ckpt, tp, extra, n_rollouts, save_to=None, load_fr
             actor.save(save_to)
     weights = full_hf_weights(actor)
     return (metrics, weights) if rank == 0 else None
+
+
+def torch_dist_save_patches():
+    """(object, attribute, replacement) triples that let megatron-core 0.16.1's torch_dist save run on CPU
+    (tests only: the trainer never writes torch_dist). Apply with pytest's monkeypatch."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    return [(torch.cuda, "synchronize", lambda *args, **kwargs: None),
+            (torch.cuda, "current_device", lambda: "cpu"),
+            (filesystem_async, "_get_write_results_queue", queue.Queue),
+            (filesystem_async, "_process_memory", lambda: 0)]
+
+
+def save_torch_dist(sharded_state_dict, folder) -> None:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    os.makedirs(folder, exist_ok=True)
+    strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
+    dist_checkpointing.save(sharded_state_dict, str(folder), sharded_strategy=strategy)

@@ -198,3 +198,36 @@ def test_export_loads_in_transformers(ckpts, tmp_path):
     got = actor.log_probs(samples)
     assert max(float((g - w).abs().max()) for g, w in zip(got, want)) <= 1e-5
     assert not torch.equal(exported.lm_head.weight, AutoModelForCausalLM.from_pretrained(ckpts["student"]).lm_head.weight)
+
+
+def test_upstream_torch_dist_teacher_loads_as_is(ckpts, tmp_path, monkeypatch):
+    """``--opd-teacher-load`` naming a Megatron-LM save root in torch_dist format (what upstream slime users
+    convert their teacher to) scores exactly like the HF teacher it came from; ``--opd-teacher-ckpt-step``
+    picks an iteration other than the latest."""
+    from megatron_helpers import save_torch_dist, torch_dist_save_patches
+
+    from slime.backends.megatron_utils import hf_weights, weight_sources
+    from slime.backends.megatron_utils.actor import MegatronActor
+    from slime.backends.megatron_utils.model import build_gpt, init_parallel
+
+    ensure_single_process_group()
+    init_parallel(1, seed=0)
+    hf_teacher = weight_sources.resolve(ckpts["teacher"], "--opd-teacher-load", {})
+    model = build_gpt(hf_teacher.config, megatron_args(ckpts["student"]), 1)
+    shape = model.slime_shape
+    hf_weights.load_local(model, hf_weights.shard(hf_teacher.full_state(shape), shape, 0, 1))
+    root = tmp_path / "teacher_torch_dist"
+    with monkeypatch.context() as patch:
+        for owner, name, value in torch_dist_save_patches():
+            patch.setattr(owner, name, value)
+        save_torch_dist(model.sharded_state_dict(), root / "iter_0000007")
+    (root / "latest_checkpointed_iteration.txt").write_text("9")  # a later iteration that is not there
+    samples = make_samples(seed=2)
+    want = _transformers_log_probs(ckpts["teacher"], samples)
+    with pytest.raises(FileNotFoundError):
+        MegatronActor(megatron_args(ckpts["student"], "--use-opd", "--opd-type", "megatron",
+                                    "--opd-teacher-load", str(root)), 0, 1)
+    actor = MegatronActor(megatron_args(ckpts["student"], "--use-opd", "--opd-type", "megatron",
+                                        "--opd-teacher-load", str(root), "--opd-teacher-ckpt-step", "7"), 0, 1)
+    got = actor.log_probs(samples, "teacher")
+    assert max(float((g - w).abs().max()) for g, w in zip(got, want)) <= 1e-5

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import shutil
 
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
+
+from megatron_helpers import save_torch_dist, torch_dist_save_patches  # noqa: E402
 
 from slime.backends.fsdp_utils.launch import ensure_single_process_group, run_local_group  # noqa: E402
 from slime.backends.megatron_utils.torch_dist_reader import (  # noqa: E402
@@ -37,24 +38,6 @@ from slime.backends.megatron_utils.torch_dist_reader import (  # noqa: E402
 
 SEED = 1234
 NUM_LAYERS = 2
-
-
-def _cpu_save_patches():
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    return [(torch.cuda, "synchronize", lambda *args, **kwargs: None),
-            (torch.cuda, "current_device", lambda: "cpu"),
-            (filesystem_async, "_get_write_results_queue", queue.Queue),
-            (filesystem_async, "_process_memory", lambda: 0)]
-
-
-def _save(sharded_state_dict, folder) -> None:
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
-
-    os.makedirs(folder, exist_ok=True)
-    strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
-    dist_checkpointing.save(sharded_state_dict, str(folder), sharded_strategy=strategy)
 
 
 def _build_model(tp: int):
@@ -87,10 +70,10 @@ def save_tp2_rank(rank: int, world_size: int, folder: str) -> dict[str, torch.Te
     """One TP-2 rank (spawned): build, save, return the local shards the premise check needs."""
     from megatron.core import parallel_state as ps
 
-    for owner, name, value in _cpu_save_patches():
+    for owner, name, value in torch_dist_save_patches():
         setattr(owner, name, value)
     model = _build_model(world_size)
-    _save(model.sharded_state_dict(), folder)
+    save_torch_dist(model.sharded_state_dict(), folder)
     local = _weights(model)
     ps.destroy_model_parallel()
     return {k: local[k] for k in ("decoder.layers.0.self_attention.linear_qkv.weight",
@@ -113,20 +96,20 @@ def tp1(tmp_path_factory):
     root = tmp_path_factory.mktemp("torch_dist")
     ensure_single_process_group()
     with pytest.MonkeyPatch.context() as patch:
-        for owner, name, value in _cpu_save_patches():
+        for owner, name, value in torch_dist_save_patches():
             patch.setattr(owner, name, value)
         try:
             model = _build_model(1)
-            _save(model.sharded_state_dict(), root / "plain")
+            save_torch_dist(model.sharded_state_dict(), root / "plain")
             # Megatron-LM's layout: the model under "model" (here also with a "model." key prefix), the
             # optimizer state as more sharded tensors, RNG state as a sharded object.
             exp_avg = ShardedTensor.from_rank_offsets("optimizer.state.exp_avg.output_layer.weight",
                                                       torch.ones(128, 64))
-            _save({"model": model.sharded_state_dict(prefix="model."), "optimizer": {"exp_avg": exp_avg},
+            save_torch_dist({"model": model.sharded_state_dict(prefix="model."), "optimizer": {"exp_avg": exp_avg},
                    "rng_state": ShardedObject("rng_state", {"seed": SEED}, (1,), (0,))}, root / "training")
             # Per-layer keys and GLU halves saved apart ("..._w", "..._v"), as non-homogeneous blocks do.
-            _save(model.sharded_state_dict(metadata={"singleton_local_shards": True}), root / "singleton")
-            _save({"optimizer": {"exp_avg": ShardedTensor.from_rank_offsets("optimizer.state.x", torch.ones(3))}},
+            save_torch_dist(model.sharded_state_dict(metadata={"singleton_local_shards": True}), root / "singleton")
+            save_torch_dist({"optimizer": {"exp_avg": ShardedTensor.from_rank_offsets("optimizer.state.x", torch.ones(3))}},
                   root / "no_model")
             yield {"root": root, "weights": _weights(model)}
         finally:

@@ -136,6 +136,10 @@ def _rule(key: str) -> str:
     return "replicated"
 
 
+def is_vocab_parallel(key: str) -> bool:
+    return _rule(key) == "vocab"
+
+
 def is_tensor_parallel(key: str) -> bool:
     """Whether each tensor-parallel rank holds a different part of this parameter."""
     return _rule(key) != "replicated"

@@ -38,7 +38,9 @@ class WeightSource:
         from slime.backends.megatron_utils.torch_dist_reader import read_model_state
 
         state = hf_weights.from_te_names(read_model_state(self.torch_dist_folder, shape.num_layers))
-        return {k: v.float() for k, v in state.items()}
+        # Stored vocabularies are padded (Megatron's --make-vocab-size-divisible-by); rows past the HF
+        # vocabulary never score a token.
+        return {k: (v[: shape.vocab_size] if hf_weights.is_vocab_parallel(k) else v).float() for k, v in state.items()}
 
 
 def _is_hf(folder: str) -> bool:
