@@ -102,3 +102,33 @@ def test_b2f_server_teacher_resumes_exactly(setup):
     for a, b in zip(whole[2:], resumed[2:]):
         for key in KEYS:
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+# ---------------------------------------------------------------------------- --train-backend megatron
+def megatron(tp):
+    return ["--train-backend", "megatron", "--tensor-model-parallel-size", str(tp), "--actor-num-gpus-per-node", "2"]
+
+
+@pytest.mark.parametrize("tcod_mode,teacher", [("f2b", "server"), ("f2b", "trainer"), ("b2f", "trainer")])
+def test_megatron_backend_runs_tcod_in_both_teacher_modes(setup, tcod_mode, teacher):
+    pytest.importorskip("megatron.core")
+    mode = server_mode(setup) if teacher == "server" else ["--opd-type", "megatron", "--opd-teacher-load",
+                                                            setup["teacher"]]
+    tp = 2 if teacher == "trainer" else 1  # both layouts over two processes: TP 2, and DP 2
+    records = run(setup, f"megatron_{tcod_mode}_{teacher}", *mode, *megatron(tp), "--tcod-mode", tcod_mode,
+                  "--tcod-eta", "1")
+    assert [r["tcod/depth"] for r in records] == [1, 2]
+    assert all(r["opd/reverse_kl"] != 0 and r["rollout/trained_tokens"] > 0 for r in records)
+    if tcod_mode == "b2f":
+        assert records[0]["tcod/prefix_len"] > 0
+
+
+def test_megatron_backend_resumes_exactly(setup):
+    pytest.importorskip("megatron.core")
+    common = (*server_mode(setup), *megatron(2), "--tcod-mode", "b2f", "--tcod-eta", "1", "--save-interval", "2")
+    whole = run(setup, "megatron_whole", *common, steps=3)
+    run(setup, "megatron_split", *common, steps=2)
+    resumed = run(setup, "megatron_split", *common, "--load", str(setup["root"] / "megatron_split"), steps=3)
+    assert [r["step"] for r in resumed] == [0, 1, 2]
+    for key in KEYS:
+        assert whole[2][key] == pytest.approx(resumed[2][key], rel=1e-4, abs=1e-6), key
