@@ -22,8 +22,10 @@ def rejects(argv, flag):
 
 
 # Each row breaks exactly one rule; the message must name the flag a user has to fix.
+MEGATRON = ["--train-backend", "megatron"]
+TP2 = MEGATRON + ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
+
 RULES = [
-    (["--train-backend", "megatron"], "--train-backend"),
     (["--rollout-temperature", "0"], "--rollout-temperature"),
     (["--rollout-temperature", "-0.5"], "--rollout-temperature"),
     (["--actor-num-nodes", "0"], "--actor-num-nodes"),
@@ -119,6 +121,32 @@ RULES = [
     (["--max-tokens-per-gpu", "4096"], "--use-dynamic-batch-size"),
     (["--gpu-memory-gb", "0"], "--gpu-memory-gb"),
     (["--model-config-json", "/nonexistent/config.json"], "--model-config-json"),
+    # upstream's Megatron flags
+    (["--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"], "--tensor-model-parallel-size"),
+    (["--sequence-parallel"], "--sequence-parallel"),
+    (MEGATRON + ["--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size"),
+    (MEGATRON + ["--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "3"],
+     "--tensor-model-parallel-size"),
+    (TP2 + ["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size"),
+    (TP2 + ["--context-parallel-size", "2"], "--context-parallel-size"),
+    (TP2 + ["--expert-model-parallel-size", "2"], "--expert-model-parallel-size"),
+    (TP2 + ["--expert-tensor-parallel-size", "2"], "--expert-tensor-parallel-size"),
+    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size"),
+    (["--attention-dropout", "0.1"], "--attention-dropout"),
+    (["--hidden-dropout", "0.1"], "--hidden-dropout"),
+    (["--optimizer", "sgd"], "--optimizer"),
+    (["--lr-decay-style", "cosine"], "--lr-decay-style"),
+    (["--num-experts", "8"], "--num-experts"),
+    (["--balance-data"], "--balance-data"),
+    (["--num-layers", "0"], "--num-layers"),
+    (["--norm-epsilon", "0"], "--norm-epsilon"),
+    (["--rotary-percent", "1.5"], "--rotary-percent"),
+    (["--use-rotary-position-embeddings", "--position-embedding-type", "learned_absolute"],
+     "--position-embedding-type"),
+    (TP2 + ["--num-attention-heads", "3"], "--tensor-model-parallel-size"),
+    (TP2 + ["--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "1"], "--num-query-groups"),
+    (["--ref-ckpt-step", "-1"], "--ref-ckpt-step"),
+    (["--opd-teacher-ckpt-step", "3"], "--opd-teacher-load"),
 ]
 
 
@@ -230,3 +258,45 @@ def test_memory_flags_resolve_like_slime():
                       "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384"])
     assert args.gradient_checkpointing and args.log_probs_max_tokens_per_gpu == 16384
     assert validated([]).log_probs_chunk_size > 0 and not validated([]).gradient_checkpointing
+
+
+def test_megatron_flags_default_to_not_given_and_tp_1():
+    args = validated([])
+    assert args.train_backend == "fsdp" and args.tensor_model_parallel_size == 1
+    assert (args.pipeline_model_parallel_size, args.context_parallel_size, args.expert_model_parallel_size,
+            args.expert_tensor_parallel_size) == (1, 1, 1, 1)
+    assert args.num_layers is None and args.hidden_size is None and args.rotary_base is None
+    assert args.add_bias_linear and not args.swiglu and not args.sequence_parallel
+    assert args.attention_dropout == 0.0 and args.optimizer == "adam" and args.lr_decay_style == "constant"
+    assert args.ref_ckpt_step is None and args.opd_teacher_ckpt_step is None
+
+
+def test_megatron_backend_is_accepted_with_upstream_flags():
+    args = validated(TP2 + ["--sequence-parallel", "--num-attention-heads", "32", "--group-query-attention",
+                            "--num-query-groups", "8", "--disable-bias-linear", "--use-rotary-position-embeddings",
+                            "--attention-backend", "flash", "--bf16", "--use-distributed-optimizer",
+                            "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"])
+    assert args.tensor_model_parallel_size == 2 and args.sequence_parallel
+    assert args.num_query_groups == 8 and not args.add_bias_linear and args.position_embedding_type == "rope"
+
+
+def test_fsdp_rejection_says_which_backend_is_needed():
+    fsdp_tp2 = ["--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"]
+    assert "needs --train-backend megatron" in rejects(fsdp_tp2, "--tensor-model-parallel-size")
+    assert "not supported by this trainer yet" in rejects(TP2 + ["--pipeline-model-parallel-size", "2"],
+                                                          "--pipeline-model-parallel-size")
+    assert "mixture-of-experts" in rejects(["--num-experts", "8"], "--num-experts")
+    assert "only constant is implemented" in rejects(["--lr-decay-style", "linear"], "--lr-decay-style")
+
+
+def test_sequence_parallel_with_tp_1_is_switched_off_as_megatron_does():
+    with pytest.warns(UserWarning, match="--sequence-parallel"):
+        args = validated(MEGATRON + ["--sequence-parallel"])
+    assert not args.sequence_parallel
+
+
+def test_query_groups_follow_megatrons_rule():
+    with pytest.warns(UserWarning, match="--group-query-attention"):
+        args = validated(["--num-attention-heads", "32", "--num-query-groups", "8"])
+    assert args.num_query_groups == 32  # without the switch every head is its own group
+    assert validated(["--num-attention-heads", "32", "--group-query-attention"]).num_query_groups == 1

@@ -181,3 +181,18 @@ def test_train_py_fails_fast_without_starting_ray(files):
     assert "train.py: error: --hf-checkpoint" in output and "typo-model" in output
     assert "ray" not in output.lower(), output  # no "Started a local Ray instance"
     assert time.monotonic() - start < 60
+
+
+def test_megatron_loads_shape_flags_and_tensor_parallelism_are_checked(files):
+    root = files["root"] / "megatron-ref"
+    (root / "iter_0000004").mkdir(parents=True, exist_ok=True)
+    (root / "latest_checkpointed_iteration.txt").write_text("4\n")
+    fails(args_of(files, "--ref-load", str(root)), "--ref-load", "iter_0000004", "needs --train-backend megatron")
+    megatron = ["--train-backend", "megatron"]
+    preflight(args_of(files, *megatron, "--ref-load", str(root)))  # its vocabulary is the trainer's to check
+    fails(args_of(files, *megatron, "--ref-load", str(root), "--ref-ckpt-step", "9"), "--ref-load", "iter_0000009")
+    fails(args_of(files, "--ref-ckpt-step", "2"), "--ref-load", "checkpoint step 2")  # the HF policy folder
+    fails(args_of(files, "--hidden-size", "99"), f"--hidden-size 99 but --hf-checkpoint {files['model']}",
+          "has hidden_size 16")
+    fails(args_of(files, *megatron, "--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "4"),
+          "--tensor-model-parallel-size 4 must divide", "config.json")

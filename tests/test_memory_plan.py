@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from slime.utils.arguments import get_parser, validate_args
-from slime.utils.memory_plan import ModelShape, describe_memory
+from slime.utils.memory_plan import ModelShape, describe_memory, plan_memory
+from slime.utils.plan import describe_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -78,3 +79,41 @@ def test_gpu_run_script_prints_a_memory_plan(tmp_path, extra):
     assert "memory    : per trainer device" in out.stdout and "8.19B parameters" in out.stdout
     if extra:
         assert "fits in --gpu-memory-gb 80" in out.stdout and "does NOT" not in out.stdout
+
+
+def test_megatron_plan_splits_the_model_over_tensor_parallel_ranks(tmp_path):
+    def plan(tp, *extra):
+        argv = ["--train-backend", "megatron", "--actor-num-gpus-per-node", tp, "--tensor-model-parallel-size", tp,
+                "--rollout-max-response-len", "16384", *MEMORY_FLAGS, *extra]
+        args = validate_args(get_parser().parse_args(argv))
+        return args, plan_memory(args, QWEN3_8B)
+
+    _, one = plan("1")
+    args, two = plan("2", "--sequence-parallel")
+    assert set(one.phases) == set(two.phases) == {"LM-head backward", "layer backward", "optimizer step"}
+    for phase in one.phases:
+        for part in ("weights", "gradients", "optimizer"):
+            assert two.phases[phase][part] == one.phases[phase][part] // 2, (phase, part)
+    for phase in ("LM-head backward", "layer backward"):
+        assert 0 < two.phases[phase]["activations"] < one.phases[phase]["activations"]
+    # Every rank gathers the whole float32 output layer (and builds its gradient) for the log-prob head.
+    head = 8 * QWEN3_8B["vocab_size"] * QWEN3_8B["hidden_size"]
+    assert two.phases["LM-head backward"]["log-prob workspace"] == one.phases["LM-head backward"]["log-prob workspace"]
+    assert one.phases["LM-head backward"]["log-prob workspace"] > head
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    args.model_config_json = str(tmp_path / "config.json")
+    text = "\n".join(describe_plan(args))
+    assert "parallel  : TP 2 x DP 1 (PP 1, CP 1), sequence parallel on" in text
+    assert "Megatron TP 2 x DP 1" in text
+
+
+def test_gpu_run_script_megatron_dry_run(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    out = subprocess.run(["bash", "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "DRY_RUN": "1", "STUDENT": str(tmp_path),
+                                                      "PYTHON": sys.executable, "TRAIN_BACKEND": "megatron"})
+    assert out.returncode == 0, out.stderr
+    assert "trainer   : megatron, 2 process(es)" in out.stdout and "engines   : 4 x sglang" in out.stdout
+    assert "parallel  : TP 2 x DP 1 (PP 1, CP 1), sequence parallel on" in out.stdout
+    assert "model args: 17 shape flags; all agree with the config" in out.stdout
+    assert "memory    : per trainer device (estimate; Megatron TP 2 x DP 1" in out.stdout

@@ -3,6 +3,8 @@
 # Official TCOD settings (arXiv:2604.24005) are the defaults; override with environment variables:
 #   TCOD_MODE=f2b|b2f  TASK_ENV=scienceworld|alfworld|webshop  NUM_GPUS=8  TEACHER_GPUS=2
 #   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  DATA=/path/train.jsonl  SAVE=/path/ckpt
+#   TRAIN_BACKEND=fsdp|megatron  TP=2 (megatron: tensor-parallel size; the trainer's GPUs are rounded down
+#   to a multiple of it and the rest go to the rollout engines)
 # DRY_RUN=1 validates the flags and prints the plan without starting anything (CI runs it that way).
 # GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
 # within them reserves ROLLOUT_GPUS for the SGLang rollout engines and ACTOR_GPUS for the trainer, as
@@ -13,6 +15,8 @@ REPO_DIR="$(cd "${SCRIPT_DIR}/../.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 
 TCOD_MODE="${TCOD_MODE:-b2f}"
+TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
+TP="${TP:-2}"
 TASK_ENV="${TASK_ENV:-scienceworld}"
 NUM_GPUS="${NUM_GPUS:-8}"
 TEACHER_GPUS="${TEACHER_GPUS:-2}"
@@ -34,6 +38,17 @@ ENV_PATH="examples.multi_turn_tcod.envs.${TASK_ENV}.make_env"
 TRAIN_GPUS=$(( NUM_GPUS - TEACHER_GPUS ))
 ROLLOUT_GPUS=$(( TRAIN_GPUS / 2 ))
 ACTOR_GPUS=$(( TRAIN_GPUS - ROLLOUT_GPUS ))
+case "${TRAIN_BACKEND}" in
+  fsdp) ;;
+  megatron)
+    # Tensor parallelism needs a multiple of TP trainer GPUs (8 GPUs, 2 for the teacher, TP 2: 2 train and
+    # 4 roll out, as in upstream's run-qwen3-8B-opd.sh; TP 4: 4 and 2).
+    ACTOR_GPUS=$(( ACTOR_GPUS / TP * TP ))
+    [ "${ACTOR_GPUS}" -gt 0 ] || ACTOR_GPUS="${TP}"
+    ROLLOUT_GPUS=$(( TRAIN_GPUS - ACTOR_GPUS ))
+    [ "${ROLLOUT_GPUS}" -ge 1 ] || { echo "TP=${TP} leaves no GPU for the rollout engines" >&2; exit 2; } ;;
+  *) echo "TRAIN_BACKEND must be fsdp or megatron (got ${TRAIN_BACKEND})" >&2; exit 2 ;;
+esac
 
 CKPT_ARGS=(--hf-checkpoint "${STUDENT}" --ref-load "${STUDENT}" --save "${SAVE}" --save-interval 25)
 [ -f "${SAVE}/latest_checkpointed_iteration.txt" ] && CKPT_ARGS+=(--load "${SAVE}")
@@ -58,15 +73,39 @@ TCOD_ARGS=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollou
 ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2 --kl-coef 0.0 --entropy-coef 0.0)
 OPTIMIZER_ARGS=(--lr 1e-6 --weight-decay 0.0 --adam-beta1 0.9 --adam-beta2 0.999 --clip-grad 1.0)
 CLUSTER_ARGS=(
-  --train-backend fsdp --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
+  --train-backend "${TRAIN_BACKEND}" --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
   --rollout-backend sglang --rollout-num-gpus "${ROLLOUT_GPUS}" --rollout-num-gpus-per-engine 1
   --global-batch-size 16 --micro-batch-size 1
-  # Memory (as upstream's OPD script): recompute every layer in backward, and pack micro-batches by
-  # tokens so a 16k-token trajectory and short ones share a budget (see the --dry-run memory plan).
-  --recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384
 )
+# Memory (as upstream's OPD script): recompute every layer in backward, and pack micro-batches by tokens
+# so a 16k-token trajectory and short ones share a budget (see the --dry-run memory plan).
+PERF_ARGS=(--recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384)
+MODEL_ARGS=()
+MISC_ARGS=()
+if [ "${TRAIN_BACKEND}" = megatron ]; then
+  # Qwen3-8B as upstream's scripts/models/qwen3-8B.sh describes it; start-up checks it against
+  # ${STUDENT}/config.json (docs/en/megatron_backend.md).
+  MODEL_ARGS=(
+    --swiglu --num-layers 36 --hidden-size 4096 --ffn-hidden-size 12288
+    --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
+    --use-rotary-position-embeddings --rotary-base 1000000 --disable-bias-linear
+    --normalization RMSNorm --norm-epsilon 1e-6 --qk-layernorm
+    --vocab-size 151936 --untie-embeddings-and-output-weights
+  )
+  PERF_ARGS=(
+    --tensor-model-parallel-size "${TP}" --sequence-parallel --pipeline-model-parallel-size 1
+    --context-parallel-size 1 --expert-model-parallel-size 1 --expert-tensor-parallel-size 1
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+    --use-dynamic-batch-size --max-tokens-per-gpu 16384
+  )
+  MISC_ARGS=(
+    --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
+    --attention-softmax-in-fp32 --attention-backend flash
+  )
+fi
 ALL_ARGS=("${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${MULTI_TURN_ARGS[@]}" "${EVAL_ARGS[@]}" "${OPD_ARGS[@]}"
-          "${TCOD_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${CLUSTER_ARGS[@]}")
+          "${TCOD_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${CLUSTER_ARGS[@]}" "${PERF_ARGS[@]}"
+          "${MODEL_ARGS[@]}" "${MISC_ARGS[@]}")
 
 cd "${REPO_DIR}"
 if [ "${DRY_RUN:-0}" = 1 ]; then

@@ -13,6 +13,7 @@ import math
 import os
 import warnings
 
+from slime.utils.megatron_shape import tp_divisibility_error
 from slime.utils.tcod_arguments import add_multi_turn_tcod_arguments, validate_multi_turn_tcod_args
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
@@ -64,7 +65,12 @@ def add_checkpoint_arguments(parser):
     g.add_argument("--load", type=str, default=None, help="checkpoint folder to resume from")
     g.add_argument("--save", type=str, default=None)
     g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--ref-load", type=str, default=None, help="reference model (default: --hf-checkpoint)")
+    g.add_argument("--ref-load", type=str, default=None,
+                   help="reference model (default: --hf-checkpoint): a HF folder, or with --train-backend megatron "
+                        "also a Megatron checkpoint root (docs/en/megatron_backend.md, Load paths)")
+    g.add_argument("--ref-ckpt-step", type=int, default=None,
+                   help="iteration of a Megatron --ref-load root to load (default: the one its "
+                        "latest_checkpointed_iteration.txt names)")
     g.add_argument("--critic-load", type=str, default=None)
     return parser
 
@@ -168,10 +174,10 @@ def add_performance_arguments(parser):
     g.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute every decoder layer in backward instead of keeping its activations")
     g.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
-                   help="Megatron's name: 'full' turns on --gradient-checkpointing (the fsdp backend has no "
+                   help="Megatron's name: 'full' turns on --gradient-checkpointing (neither backend implements "
                         "selective recompute)")
     g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
-                   help="accepted for slime scripts; the fsdp backend recomputes each layer (uniform, 1 layer)")
+                   help="accepted for slime scripts; both backends recompute each layer (uniform, 1 layer)")
     g.add_argument("--recompute-num-layers", type=int, default=None, help="see --recompute-method (only 1)")
     g.add_argument("--use-dynamic-batch-size", action="store_true",
                    help="pack micro-batches by tokens (--max-tokens-per-gpu) instead of --micro-batch-size samples")
@@ -186,6 +192,67 @@ def add_performance_arguments(parser):
     return parser
 
 
+def add_megatron_arguments(parser):
+    """Upstream slime's Megatron flags, spelled and stored (``dest``) as Megatron-LM does.
+
+    Model-shape flags describe the model as upstream's ``scripts/models/*.sh`` do; the trainers build the
+    model from the ``--hf-checkpoint`` config and start-up checks that the flags agree with it
+    (``slime/utils/megatron_shape.py``). Value flags default to None ("not given"); see
+    docs/en/megatron_backend.md for what each flag does here and which values are refused.
+    """
+    g = parser.add_argument_group("megatron")
+    # Model shape (upstream's MODEL_ARGS).
+    for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+                 "--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--max-position-embeddings",
+                 "--seq-length"):
+        g.add_argument(flag, type=int, default=None)
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="use --num-query-groups (Megatron's rule: without this switch every head is its own group)")
+    g.add_argument("--use-rotary-position-embeddings", action="store_true",
+                   help="Megatron's legacy switch for --position-embedding-type rope")
+    g.add_argument("--position-embedding-type", choices=("learned_absolute", "rope", "mrope", "relative", "none"),
+                   default=None)
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
+                   help="no biases in the linear layers (stored as args.add_bias_linear = False, as in Megatron)")
+    g.add_argument("--add-qkv-bias", action="store_true", help="biases on the q/k/v projections only (Qwen2)")
+    g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default=None)
+    g.add_argument("--norm-epsilon", type=float, default=None)
+    g.add_argument("--rotary-base", type=int, default=None, help="RoPE theta")
+    g.add_argument("--rotary-percent", type=float, default=None, help="share of each head's dimensions rotated")
+    g.add_argument("--use-rope-scaling", action="store_true", help="Llama 3.1's RoPE frequency scaling")
+    g.add_argument("--rotary-scaling-factor", type=float, default=None, help="its factor (Llama 3.1: 8, 3.2: 32)")
+    g.add_argument("--qk-layernorm", action="store_true", help="RMSNorm on each head's q and k (Qwen3)")
+    g.add_argument("--swiglu", action="store_true", help="gated SiLU MLP")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="separate input embeddings and output layer")
+    g.add_argument("--num-experts", type=int, default=None,
+                   help="accepted to say no: mixture-of-experts models are not supported")
+    # Parallelism.
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="--train-backend megatron: processes that split each layer (must divide the trainer's)")
+    for flag in ("--pipeline-model-parallel-size", "--context-parallel-size", "--expert-model-parallel-size",
+                 "--expert-tensor-parallel-size"):
+        g.add_argument(flag, type=int, default=1, help="only 1 (not supported by this project's trainers yet)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="split the sequence of the non-tensor-parallel regions over the TP ranks (needs TP > 1)")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="shard AdamW's moments over data-parallel ranks (see docs/en/megatron_backend.md)")
+    # Numerics and optimizer (upstream's MISC_ARGS / OPTIMIZER_ARGS).
+    g.add_argument("--attention-dropout", type=float, default=0.0, help="must be 0: log-probs must be deterministic")
+    g.add_argument("--hidden-dropout", type=float, default=0.0, help="must be 0: log-probs must be deterministic")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
+    g.add_argument("--attention-softmax-in-fp32", action="store_true")
+    g.add_argument("--attention-backend", choices=("flash", "fused", "unfused", "local", "auto"), default="auto")
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                   help="adam (AdamW: decoupled --weight-decay); sgd is refused")
+    g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine", "inverse-square-root", "WSD"),
+                   default="constant", help="only constant is implemented")
+    g.add_argument("--balance-data", action="store_true",
+                   help="upstream: balance FLOPs across data-parallel ranks; refused (not implemented)")
+    return parser
+
+
 def add_on_policy_distillation_arguments(parser):
     g = parser.add_argument_group("on-policy distillation")
     g.add_argument("--use-opd", action="store_true", help="add the teacher reverse-KL term to the advantages")
@@ -193,8 +260,10 @@ def add_on_policy_distillation_arguments(parser):
                    help="sglang: teacher on a server via --rm-url; megatron: teacher loaded in the trainer")
     g.add_argument("--opd-kl-coef", type=float, default=1.0)
     g.add_argument("--opd-teacher-load", type=str, default=None,
-                   help="in-trainer teacher checkpoint (HF folder on the fsdp backend)")
-    g.add_argument("--opd-teacher-ckpt-step", type=int, default=None)
+                   help="in-trainer teacher checkpoint: a HF folder, or with --train-backend megatron also a "
+                        "Megatron checkpoint root")
+    g.add_argument("--opd-teacher-ckpt-step", type=int, default=None,
+                   help="iteration of a Megatron --opd-teacher-load root (default: the latest)")
     # This runtime's additions (upstream slime has only the sampled term).
     g.add_argument("--opd-loss", choices=("sampled", "full"), default="sampled",
                    help="sampled: slime's per-token term student - teacher in the advantages (default); full: "
@@ -242,6 +311,7 @@ GROUPS = (
     add_algorithm_arguments,
     add_optimizer_arguments,
     add_performance_arguments,
+    add_megatron_arguments,
     add_on_policy_distillation_arguments,
     add_multi_turn_tcod_arguments,
     add_kl_controller_arguments,
@@ -386,14 +456,14 @@ def _validate_batching(args):
 
 def _validate_memory(args):
     if args.recompute_granularity == "selective":
-        _fail("--recompute-granularity selective is Megatron's; the fsdp backend recomputes whole layers: "
-              "use --recompute-granularity full (or --gradient-checkpointing)")
+        _fail("--recompute-granularity selective is not implemented: both trainers (fsdp, megatron) recompute "
+              "whole layers: use --recompute-granularity full (or --gradient-checkpointing)")
     if args.recompute_granularity == "full":
         args.gradient_checkpointing = True
     if (args.recompute_method or args.recompute_num_layers is not None) and not args.gradient_checkpointing:
         _fail("--recompute-method / --recompute-num-layers need --recompute-granularity full")
     if args.recompute_method == "block" or args.recompute_num_layers not in (None, 1):
-        _fail("the fsdp backend recomputes every layer on its own: use --recompute-method uniform "
+        _fail("both trainers (fsdp, megatron) recompute every layer on its own: use --recompute-method uniform "
               "--recompute-num-layers 1 (or leave both out)")
     for name in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -410,6 +480,87 @@ def _validate_memory(args):
         _fail(f"--gpu-memory-gb must be > 0, got {args.gpu_memory_gb}")
     if args.model_config_json is not None and not os.path.isfile(args.model_config_json):
         _fail(f"--model-config-json {args.model_config_json!r} is not a file")
+
+
+# Parallel sizes this project's trainers do not implement (tensor parallelism is the one they do).
+_UNSUPPORTED_PARALLEL = ("pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
+                         "expert_tensor_parallel_size")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _validate_parallel(args):
+    for name in ("tensor_model_parallel_size",) + _UNSUPPORTED_PARALLEL:
+        if getattr(args, name) < 1:
+            _fail(f"{_flag(name)} must be >= 1, got {getattr(args, name)}")
+    for name in _UNSUPPORTED_PARALLEL:
+        if getattr(args, name) > 1:
+            _fail(f"{_flag(name)} {getattr(args, name)}: not supported by this trainer yet (use 1; of Megatron's "
+                  "parallelisms only --tensor-model-parallel-size is, with --train-backend megatron)")
+    tp = args.tensor_model_parallel_size
+    if args.train_backend == "fsdp":
+        if tp > 1 or args.sequence_parallel:
+            given = f"--tensor-model-parallel-size {tp}" if tp > 1 else "--sequence-parallel"
+            _fail(f"{given} needs --train-backend megatron (the fsdp backend shards whole layers over all its "
+                  "processes instead)")
+        return
+    world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if world % tp:
+        _fail(f"--tensor-model-parallel-size {tp} must divide the {world} trainer processes "
+              "(--actor-num-nodes x --actor-num-gpus-per-node)")
+    if args.sequence_parallel and tp == 1:
+        # Megatron-LM's rule: sequence parallelism needs tensor parallelism, so it is switched off with a warning.
+        warnings.warn("--sequence-parallel with --tensor-model-parallel-size 1: disabled (it splits the sequence "
+                      "over tensor-parallel ranks, and there is only one)", stacklevel=3)
+        args.sequence_parallel = False
+
+
+def _validate_megatron_model(args):
+    """Upstream's model-shape and numerics flags, without reading any file (preflight compares the shape
+    with the checkpoint's config.json)."""
+    for name in ("attention_dropout", "hidden_dropout"):
+        if getattr(args, name) != 0:
+            _fail(f"{_flag(name)} {getattr(args, name)}: dropout must be 0 here: the old-policy, reference and "
+                  "training passes must give the same log-probs for the same tokens")
+    if args.num_experts:
+        _fail(f"--num-experts {args.num_experts}: mixture-of-experts models are not supported by this project's "
+              "trainers")
+    if args.optimizer != "adam":
+        _fail(f"--optimizer {args.optimizer}: only adam (AdamW) is implemented")
+    if args.lr_decay_style != "constant":
+        _fail(f"--lr-decay-style {args.lr_decay_style}: only constant is implemented (the learning rate stays --lr)")
+    if args.balance_data:
+        _fail("--balance-data is not implemented: each rank trains a contiguous slice of every step "
+              "(slime/backends/fsdp_utils/data_plan.py); drop it")
+    if args.use_rotary_position_embeddings:
+        if args.position_embedding_type not in (None, "rope"):
+            _fail(f"--use-rotary-position-embeddings contradicts --position-embedding-type "
+                  f"{args.position_embedding_type}: keep one")
+        args.position_embedding_type = "rope"  # Megatron-LM's legacy rule
+    if args.group_query_attention and args.num_query_groups is None:
+        args.num_query_groups = 1  # Megatron-LM's default for --num-query-groups
+    elif not args.group_query_attention:
+        if args.num_query_groups is not None and args.num_query_groups != args.num_attention_heads:
+            warnings.warn(f"--num-query-groups {args.num_query_groups} has no effect without "
+                          "--group-query-attention (Megatron's rule: every attention head is its own group)",
+                          stacklevel=3)
+        args.num_query_groups = args.num_attention_heads
+    for name in ("norm_epsilon", "rotary_base", "rotary_scaling_factor"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            _fail(f"{_flag(name)} must be > 0, got {getattr(args, name)}")
+    if args.rotary_percent is not None and not 0 < args.rotary_percent <= 1:
+        _fail(f"--rotary-percent must lie in (0, 1], got {args.rotary_percent}")
+    error = tp_divisibility_error(args.tensor_model_parallel_size, args.num_attention_heads, args.num_query_groups,
+                                  "(--num-attention-heads, --num-query-groups)")
+    if error:
+        _fail(error)
+    for step in ("ref_ckpt_step", "opd_teacher_ckpt_step"):
+        if getattr(args, step) is not None and getattr(args, step) < 0:
+            _fail(f"{_flag(step)} must be >= 0, got {getattr(args, step)}")
+    if args.opd_teacher_ckpt_step is not None and args.opd_teacher_load is None:
+        _fail("--opd-teacher-ckpt-step needs --opd-teacher-load (a Megatron checkpoint root)")
 
 
 def _validate_finite(args):
@@ -429,7 +580,9 @@ def _validate_finite(args):
 _AT_LEAST_ONE = ("n_samples_per_eval_prompt", "rollout_concurrency", "rollout_num_gpus_per_engine",
                  "num_gpus_per_node")
 _AT_LEAST_ONE_IF_SET = ("eval_interval", "rollout_num_gpus", "num_steps_per_rollout", "rollout_max_context_len",
-                        "eval_max_response_len")
+                        "eval_max_response_len", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                        "num_query_groups", "kv_channels", "vocab_size", "make_vocab_size_divisible_by",
+                        "max_position_embeddings", "seq_length")
 
 
 def _evaluation_only(args) -> bool:
@@ -468,9 +621,6 @@ def _validate_ranges(args):
 def validate_args(args):
     """Check cross-flag rules and fill derived defaults in place. Raises ArgumentError."""
     _validate_finite(args)
-    if args.train_backend == "megatron":
-        _fail("--train-backend megatron is reserved: the Megatron-core trainer does not exist yet; "
-              "use --train-backend fsdp")
     if args.rollout_temperature <= 0:
         _fail("--rollout-temperature must be > 0 (on-policy training needs a sampling distribution)")
     if args.actor_num_nodes < 1 or args.actor_num_gpus_per_node < 1:
@@ -486,6 +636,8 @@ def validate_args(args):
     _validate_ranges(args)
     _validate_batching(args)
     _validate_memory(args)
+    _validate_parallel(args)
+    _validate_megatron_model(args)
     _validate_opd(args)
     _validate_tcod(args)
     _validate_kl(args)

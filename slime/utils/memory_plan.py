@@ -18,6 +18,10 @@ peaks, by component:
 
 Compute runs in bfloat16 on GPUs (``device="cuda"``), float32 on CPU; the CPU form is what the tests
 check against measured peaks of scaled-down models. Dense decoders only (no mixture of experts).
+
+With ``--train-backend megatron`` the estimate is ``estimate_megatron`` (tensor parallelism over
+``--tensor-model-parallel-size`` ranks, the rest data-parallel; see its docstring and
+docs/en/megatron_backend.md). It has not been compared with measured peaks yet.
 """
 
 from __future__ import annotations
@@ -96,15 +100,22 @@ class ModelShape:
         outputs are not kept (their backward needs only cos/sin and the weight), the projections keep
         their inputs, the attention kernel its q, k, v, output and log-sum-exp.
         """
+        return sum(self.layer_activation_split(c, repeat_kv))
+
+    def layer_activation_split(self, c: int, repeat_kv: bool) -> tuple[int, int]:
+        """:meth:`layer_activation_bytes` as (hidden-sized part: the two norms, their inputs and outputs;
+        inner part: attention and MLP). Megatron's tensor parallelism splits the inner part over its ranks,
+        sequence parallelism the hidden-sized one too."""
         h, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
-        b = 2 * (4 + 4 + c) * h  # input and post-attention norms: float32 input, float32 normalised, output
+        outer = 2 * (4 + 4 + c) * h  # input and post-attention norms: float32 input, float32 normalised, output
+        b = 0
         if self.qk_norm:
             b += (4 + 4) * (q + kv)  # Qwen3's q/k norms: float32 input and normalised
         b += c * (q + kv) + c * kv  # rotated q, k and v, kept by the attention kernel
         if repeat_kv and kv < q:
             b += 2 * c * (q - kv)  # k and v repeated to every query head (padded batches)
         b += 2 * c * q + 4 * self.heads  # attention output, its o_proj-layout copy, log-sum-exp
-        return b + 4 * c * i  # MLP: gate, up, act(gate), act(gate) * up
+        return outer, b + 4 * c * i  # MLP: gate, up, act(gate), act(gate) * up
 
     def backward_transient_bytes(self, c: int) -> int:
         """Per token: the gradient buffers of one layer's backward (MLP and attention), at most at once."""
@@ -134,25 +145,32 @@ class Workload:
     accumulates: bool = True  # several micro-batches per optimizer step: gradients live during each
     full_kl_teacher: ModelShape | None = None  # --opd-loss full with an in-trainer teacher
     device: str = "cuda"
+    tp: int = 1  # Megatron's tensor-parallel size (--train-backend megatron); world = tp x data-parallel
+    sequence_parallel: bool = False
+
+
+def _head_rows(policy: ModelShape, work: Workload, c: int, teacher_head: int) -> int:
+    """The LM head's per-position buffers (chunk by chunk, or whole rows) and, for --opd-loss full, the
+    teacher's; ``teacher_head`` bytes per element of the teacher's head-weight copy."""
+    t, v, h = work.tokens, policy.vocab, policy.hidden
+    if work.chunk > 0:
+        rows = min(work.chunk, t)
+        out = rows * v * (4 * CHUNK_ROWS + (c if c != 4 else 0)) + 2 * t * h * c  # + response hidden and grad
+        teacher = work.full_kl_teacher
+        if teacher is not None:  # its rows per chunk, its head copy and hidden states
+            out += rows * v * 4 + teacher.vocab * teacher.hidden * teacher_head + t * teacher.hidden * c
+        return out
+    out = t * v * c + t * v * 4 * WHOLE_ROWS
+    return out + (t * v * 4 if work.full_kl_teacher is not None else 0)
 
 
 def _workspace(policy: ModelShape, work: Workload, c: int) -> int:
     """The LM head's buffers at the start of backward, including its gathered weight's gradient."""
-    t, v, h = work.tokens, policy.vocab, policy.hidden
+    v, h = policy.vocab, policy.hidden
     head_grad = c * v * h
-    if work.chunk > 0:
-        rows = min(work.chunk, t)
-        out = rows * v * (4 * CHUNK_ROWS + (c if c != 4 else 0)) + 2 * t * h * c  # + response hidden and grad
-        if c != 4:
-            head_grad += v * h * (4 + c)  # float32 sum over chunks and one bfloat16 term
-        teacher = work.full_kl_teacher
-        if teacher is not None:  # its rows per chunk, its head copy and hidden states
-            out += rows * v * 4 + teacher.vocab * teacher.hidden * c + t * teacher.hidden * c
-    else:
-        out = t * v * c + t * v * 4 * WHOLE_ROWS
-        if work.full_kl_teacher is not None:
-            out += t * v * 4
-    return out + head_grad
+    if work.chunk > 0 and c != 4:
+        head_grad += v * h * (4 + c)  # float32 sum over chunks and one bfloat16 term
+    return _head_rows(policy, work, c, teacher_head=c) + head_grad
 
 
 def estimate(policy: ModelShape, work: Workload, *, frozen: list[ModelShape] = (),
@@ -190,6 +208,45 @@ def estimate(policy: ModelShape, work: Workload, *, frozen: list[ModelShape] = (
                            "optimizer": adam, "activations": stored + working, "log-prob workspace": 0},
         "end of backward": {"weights": masters + root, "gradients": grads + root, "optimizer": adam,
                             "activations": 0, "log-prob workspace": 0},
+        "optimizer step": {"weights": masters, "gradients": grads, "optimizer": adam + adam_temp,
+                           "activations": 0, "log-prob workspace": 0},
+    }
+
+
+def estimate_megatron(policy: ModelShape, work: Workload, *, frozen: list[ModelShape] = (),
+                      critic: ModelShape | None = None) -> dict[str, dict[str, int]]:
+    """Bytes per device for the Megatron trainer (``--train-backend megatron``): TP ``work.tp`` x DP, PP 1.
+
+    Every model's float32 parameters are split over the TP ranks (vocabulary-parallel embeddings and output
+    layer, column/row-parallel projections) and replicated over DP, as are the gradients and AdamW's two
+    moments (the trainer keeps a full optimizer per DP rank). Activations: the attention and MLP inner
+    parts are split over TP; the hidden-sized parts (norms, layer inputs) also, with sequence parallelism,
+    by sequence. Batches are right-padded with an explicit causal mask; attention runs through a fused
+    kernel on GPUs (no [seq, seq] scores kept). The LM head gathers the full float32 output weight
+    ``[vocab, hidden]`` on every rank for the chunked log-prob head, and builds its full gradient: both
+    count, with the chunk buffers, as the log-prob workspace.
+    """
+    c = 2 if work.device == "cuda" else 4
+    tp, t, v, h = work.tp, work.tokens, policy.vocab, policy.hidden
+    seq = tp if work.sequence_parallel else 1
+    split = lambda p: 4 * p // tp  # noqa: E731  (float32, one TP shard)
+    trained = [policy] + ([critic] if critic is not None else [])
+    masters = sum(split(m.params) for m in trained + list(frozen))
+    grads = sum(split(m.params) for m in trained)
+    adam = 2 * grads
+    outer, inner = policy.layer_activation_split(c, repeat_kv=False)
+    layer = outer // seq + inner // tp
+    stored = t * policy.layers * (c * h // seq if work.recompute else layer)
+    stored += t * (4 + 4 + c) * h // seq + t * t  # final norm; the causal mask (upper bound)
+    working = t * ((layer if work.recompute else 0) + c * (4 * policy.intermediate // tp + 2 * h // seq))
+    head = 8 * v * h + (c * v * h if c != 4 else 0)  # gathered float32 weight, its gradient, a bfloat16 cast
+    workspace = _head_rows(policy, work, c, teacher_head=4) + head
+    adam_temp = grads if work.device == "cuda" else 2 * split(max(v * h, policy.layer_params))
+    return {
+        "LM-head backward": {"weights": masters, "gradients": grads if work.accumulates else 0, "optimizer": adam,
+                             "activations": stored, "log-prob workspace": workspace},
+        "layer backward": {"weights": masters, "gradients": grads, "optimizer": adam,
+                           "activations": stored + working, "log-prob workspace": 0},
         "optimizer step": {"weights": masters, "gradients": grads, "optimizer": adam + adam_temp,
                            "activations": 0, "log-prob workspace": 0},
     }
@@ -265,17 +322,19 @@ def plan_memory(args, config: dict, *, device: str = "cuda", tokens: int | None 
         critic = ModelShape(**{**policy.__dict__, "tied": True})  # the backbone: embeddings, no LM head
         models.append("critic + AdamW")
     world = args.actor_num_nodes * args.actor_num_gpus_per_node
+    megatron = args.train_backend == "megatron"
+    tp = args.tensor_model_parallel_size if megatron else 1
     mb_tokens, per_mb, how = _tokens(args)
     if tokens is not None:
         mb_tokens, how = tokens, "given"
-    per_rank = -(-args.global_batch_size // world)
+    per_rank = -(-args.global_batch_size // (world // tp))  # samples per data-parallel rank and step
     work = Workload(world=world, tokens=mb_tokens, samples_per_micro_batch=per_mb, chunk=args.log_probs_chunk_size,
                     recompute=bool(args.gradient_checkpointing),
                     # Packed by tokens, long samples fill a micro-batch alone: assume several per step.
                     accumulates=per_rank > (1 if args.use_dynamic_batch_size else per_mb),
                     full_kl_teacher=teacher if getattr(args, "opd_loss", "sampled") == "full" else None,
-                    device=device)
-    phases = estimate(policy, work, frozen=frozen, critic=critic)
+                    device=device, tp=tp, sequence_parallel=megatron and args.sequence_parallel)
+    phases = (estimate_megatron if megatron else estimate)(policy, work, frozen=frozen, critic=critic)
     return MemoryPlan(phases, peak_phase(phases), work, policy, models, how, [n for n in notes if n])
 
 
@@ -291,7 +350,9 @@ def describe_memory(args) -> list[str]:
     except ValueError as err:
         return [f"memory    : skipped: {err}"]
     work = plan.work
-    lines = [f"memory    : per trainer device (estimate; FSDP full shard over {work.world}, bf16 compute): "
+    layout = (f"Megatron TP {work.tp} x DP {work.world // work.tp}, float32 weights" if args.train_backend == "megatron"
+              else f"FSDP full shard over {work.world}")
+    lines = [f"memory    : per trainer device (estimate; {layout}, bf16 compute): "
              f"{', '.join(plan.models)}; policy {plan.policy.params / 1e9:.2f}B parameters",
              f"            micro-batch {work.tokens:,} tokens [{plan.how}], recompute "
              f"{'on' if work.recompute else 'off'}, "
@@ -306,7 +367,9 @@ def describe_memory(args) -> list[str]:
                        if name != plan.phase)
     lines.append(f"            other phases (GiB): {others}")
     if not fits:
+        more = ("a larger --tensor-model-parallel-size (data parallelism replicates the optimizer)"
+                if args.train_backend == "megatron" else "more trainer devices")
         lines.append("            to fit: --recompute-granularity full, --use-dynamic-batch-size "
-                     "--max-tokens-per-gpu N, a smaller --log-probs-chunk-size, or more trainer devices")
+                     f"--max-tokens-per-gpu N, a smaller --log-probs-chunk-size, or {more}")
     lines += [f"            note: {n}" for n in plan.notes]
     return lines

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from slime.rollout.tcod import curriculum_depth
-from slime.utils.memory_plan import describe_memory
+from slime.utils.megatron_shape import shape_flags_given, shape_mismatches
+from slime.utils.memory_plan import describe_memory, read_config
 
 
 def describe_plan(args) -> list[str]:
@@ -12,6 +13,7 @@ def describe_plan(args) -> list[str]:
     lines = [
         f"trainer   : {args.train_backend}, {world} process(es) "
         f"({args.actor_num_nodes} node(s) x {args.actor_num_gpus_per_node}), policy {args.hf_checkpoint}",
+        *_megatron_lines(args, world),
         (f"engines   : slime router {args.sglang_router_ip}:{args.sglang_router_port}" if args.sglang_router_ip
          else f"engines   : {engines} x {args.rollout_backend} "
               f"({args.rollout_num_gpus_per_engine} device(s) each), host {args.engine_host}"),
@@ -54,6 +56,24 @@ def describe_plan(args) -> list[str]:
                      f"{'on, coef ' + str(args.kl_loss_coef) if args.use_kl_loss else 'off'}")
     lines.append(f"checkpoint: save {args.save} every {args.save_interval}; load {args.load}")
     lines.extend(describe_memory(args))
+    return lines
+
+
+def _megatron_lines(args, world: int) -> list[str]:
+    """The parallel layout (megatron backend) and whether upstream's model-shape flags match the config."""
+    lines = []
+    if args.train_backend == "megatron":
+        tp = args.tensor_model_parallel_size
+        optimizer = ("--use-distributed-optimizer: not implemented: replicated" if args.use_distributed_optimizer
+                     else "replicated")
+        lines.append(f"parallel  : TP {tp} x DP {world // tp} (PP 1, CP 1), sequence parallel "
+                     f"{'on' if args.sequence_parallel else 'off'}; AdamW moments per DP rank: {optimizer}")
+    given = shape_flags_given(args)
+    config = read_config(args.model_config_json or args.hf_checkpoint) if given else None
+    if config is not None:
+        problems = shape_mismatches(args, config, "the config")
+        lines.append(f"model args: {len(given)} shape flags; " +
+                     ("; ".join(problems) if problems else "all agree with the config"))
     return lines
 
 

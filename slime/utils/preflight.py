@@ -5,7 +5,10 @@ not exist). This module checks what the run will read, so a typo costs a second 
 start-up, engine loads, or 55 s of retrying a model hub this project never downloads from:
 
 * model folders (``--hf-checkpoint``, ``--ref-load``, ``--critic-load``, ``--opd-teacher-load``) exist
-  locally as HF folders;
+  locally as HF folders; ``--ref-load`` and ``--opd-teacher-load`` may instead be Megatron checkpoint
+  roots with ``--train-backend megatron`` (``megatron_utils.load_paths``), which needs megatron-core;
+* upstream's model-shape flags (``--num-layers`` ...) agree with ``--hf-checkpoint``'s config.json, and
+  ``--tensor-model-parallel-size`` divides its attention heads and query groups (``megatron_shape``);
 * the teacher and the reference share the policy's tokenizer and model vocabulary (a teacher server
   is asked at ``--rm-url``);
 * prompt files (``--prompt-data``, ``--eval-prompt-data``) exist and parse, errors as ``file:line``;
@@ -16,6 +19,8 @@ Every failure is an :class:`ArgumentError` naming the flag.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,27 +40,68 @@ class Inputs:
 def preflight(args) -> Inputs:
     if args.num_rollout is None:
         raise ArgumentError("--num-rollout is required (number of rollout/train steps)")
-    check_model_folders(args)
+    check_backend(args)
+    megatron_loads = check_model_folders(args)
+    check_model_shape(args)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)  # a local folder by now: no hub access
     check_data(args, tokenizer)
-    check_vocabularies(args, tokenizer)
+    check_vocabularies(args, tokenizer, skip=megatron_loads)
     return Inputs(tokenizer=tokenizer, load_folder=resolve_load(args))
 
 
-def check_model_folders(args) -> None:
-    from slime.backends.fsdp_utils.model_io import validate_hf_folder
+def check_backend(args) -> None:
+    if args.train_backend != "megatron":
+        return
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise ArgumentError("--train-backend megatron needs megatron-core, which is not installed here "
+                            "(docs/en/megatron_backend.md, Installs)")
 
-    folders = [("--hf-checkpoint", args.hf_checkpoint), ("--ref-load", args.ref_load),
-               ("--critic-load", args.critic_load), ("--opd-teacher-load", args.opd_teacher_load)]
-    for flag, path in folders:
-        if path is None and flag != "--hf-checkpoint":
-            continue
-        try:
-            validate_hf_folder(path, flag)
-        except (FileNotFoundError, ValueError) as err:
-            raise ArgumentError(f"{err} (models are never downloaded: pass a local folder)") from None
+
+def check_model_folders(args) -> set[str]:
+    """Every model flag's folder; returns the flags that name a Megatron checkpoint (whose vocabulary the
+    trainer checks when it loads them: there is no config.json or tokenizer to read here)."""
+    from slime.backends.fsdp_utils.model_io import validate_hf_folder
+    from slime.backends.megatron_utils.load_paths import resolve_load
+
+    sources = {}
+    try:
+        for flag, path in (("--hf-checkpoint", args.hf_checkpoint), ("--critic-load", args.critic_load)):
+            if path is not None or flag == "--hf-checkpoint":
+                validate_hf_folder(path, flag)
+        for flag, path, step in (("--ref-load", args.ref_load, args.ref_ckpt_step),
+                                 ("--opd-teacher-load", args.opd_teacher_load, args.opd_teacher_ckpt_step)):
+            if path is not None:
+                sources[flag] = resolve_load(path, flag, step)
+    except (FileNotFoundError, ValueError) as err:
+        raise ArgumentError(f"{err} (models are never downloaded: pass a local folder)") from None
+    megatron = {flag: source.folder for flag, source in sources.items() if source.kind == "megatron"}
+    for flag, folder in megatron.items():
+        if args.train_backend != "megatron":
+            raise ArgumentError(f"{flag} {folder} is a Megatron checkpoint: it needs --train-backend megatron "
+                                "(the fsdp backend loads HF folders: config.json + *.safetensors)")
+    return set(megatron)
+
+
+def check_model_shape(args) -> None:
+    """Upstream's model-shape flags against ``--hf-checkpoint``'s config.json, and the heads against TP."""
+    from slime.utils.megatron_shape import shape_mismatches, tp_divisibility_error
+    from slime.utils.memory_plan import read_config
+
+    config = read_config(args.hf_checkpoint)  # check_model_folders found it
+    source = f"--hf-checkpoint {os.path.join(args.hf_checkpoint, 'config.json')}"
+    problems = shape_mismatches(args, config, source)
+    text = config.get("text_config") or config
+    tp_error = tp_divisibility_error(args.tensor_model_parallel_size, text.get("num_attention_heads"),
+                                     text.get("num_key_value_heads"), f"of {source}")
+    problems += [tp_error] if tp_error else []
+    if problems:
+        raise ArgumentError("; ".join(problems))
 
 
 def check_data(args, tokenizer) -> None:
@@ -76,7 +122,8 @@ def check_data(args, tokenizer) -> None:
             raise ArgumentError(f"{flag}: {err}") from None
 
 
-def check_vocabularies(args, tokenizer) -> None:
+def check_vocabularies(args, tokenizer, skip: set[str] = frozenset()) -> None:
+    """``skip``: flags whose folder is a Megatron checkpoint (no tokenizer or config.json to compare)."""
     from slime.utils import teacher_vocab
 
     policy_vocab = tokenizer.get_vocab()
@@ -85,7 +132,7 @@ def check_vocabularies(args, tokenizer) -> None:
         local.append(("--opd-teacher-load", args.opd_teacher_load))
     try:
         for flag, path in local:
-            if path:
+            if path and flag not in skip:
                 teacher_vocab.check_local_vocab(args.hf_checkpoint, path, flag, policy_vocab=policy_vocab)
         if args.use_opd and args.opd_type == "sglang":
             from slime.rollout.sglang_rollout import run_async
