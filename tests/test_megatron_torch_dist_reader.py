@@ -47,6 +47,8 @@ def _build_model(tp: int):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    if ps.model_parallel_is_initialized():  # left by another test in this process (other layouts)
+        ps.destroy_model_parallel()
     ps.initialize_model_parallel(tp, 1)
     torch.manual_seed(SEED)  # the CPU generator draws every master weight
     model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True)
