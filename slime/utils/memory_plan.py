@@ -241,7 +241,8 @@ def estimate_megatron(policy: ModelShape, work: Workload, *, frozen: list[ModelS
     working = t * ((layer if work.recompute else 0) + c * (4 * policy.intermediate // tp + 2 * h // seq))
     head = 8 * v * h + (c * v * h if c != 4 else 0)  # gathered float32 weight, its gradient, a bfloat16 cast
     workspace = _head_rows(policy, work, c, teacher_head=4) + head
-    adam_temp = grads if work.device == "cuda" else 2 * split(max(v * h, policy.layer_params))
+    # Optimizer step: on GPUs the trainer's AdamW is fused (in place); on CPU one parameter at a time.
+    adam_temp = 0 if work.device == "cuda" else 2 * split(max(v * h, policy.layer_params))
     return {
         "LM-head backward": {"weights": masters, "gradients": grads if work.accumulates else 0, "optimizer": adam,
                              "activations": stored, "log-prob workspace": workspace},

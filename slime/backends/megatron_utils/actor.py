@@ -61,8 +61,10 @@ class MegatronActor(RolloutTrainer):
         self.model, self.shape = self._build(policy, trained=True)
         self.vocab_size = self.shape.vocab_size
         self.pad_token_id = self._pad_id(_Config(self.config))
+        # On GPUs the fused kernel updates in place: no float32 temporaries the size of all moments.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
-                                           eps=args.adam_eps, weight_decay=args.weight_decay)
+                                           eps=args.adam_eps, weight_decay=args.weight_decay,
+                                           fused=torch.cuda.is_available())
         self.optimizer_steps = 0
         self.full_opd = not self.sft and args.use_opd and getattr(args, "opd_loss", "sampled") == "full"
         self.ref = self.teacher = self.critic = self.critic_optimizer = None
