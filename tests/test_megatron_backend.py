@@ -231,3 +231,44 @@ def test_upstream_torch_dist_teacher_loads_as_is(ckpts, tmp_path, monkeypatch):
                                         "--opd-teacher-load", str(root), "--opd-teacher-ckpt-step", "7"), 0, 1)
     got = actor.log_probs(samples, "teacher")
     assert max(float((g - w).abs().max()) for g, w in zip(got, want)) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama3_rope_scaling", "qwen2_qkv_bias", "qwen3_tied"])
+def test_other_families_match_transformers(family, tmp_path):
+    """Llama (GQA, llama3 rope scaling), Qwen2 (q/k/v biases) and a tied-embedding Qwen3 (as Qwen3-0.6B)
+    score like transformers after the HF -> Megatron conversion."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from slime.backends.megatron_utils import forward, hf_weights, weight_sources
+    from slime.backends.megatron_utils.model import build_gpt, init_parallel
+
+    common = dict(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    if family == "llama3_rope_scaling":
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}, rope_theta=500000.0))
+    elif family == "qwen2_qkv_bias":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+        with torch.no_grad():  # transformers initialises biases at 0: make them matter
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=8, tie_word_embeddings=True))
+    model = model.float().eval()
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    ensure_single_process_group()
+    init_parallel(1, seed=0)
+    source = weight_sources.resolve(str(tmp_path), "--hf-checkpoint", {})
+    megatron = build_gpt(source.config, megatron_args(str(tmp_path)), 1)
+    shape = megatron.slime_shape
+    hf_weights.load_local(megatron, hf_weights.shard(source.full_state(shape), shape, 0, 1))
+    megatron.eval()
+    samples = make_samples(seed=4)
+    with torch.no_grad():
+        got = forward.score(megatron, samples, temperature=0.8, device=torch.device("cpu"), chunk_size=8).log_probs
+    want = _transformers_log_probs(str(tmp_path), samples)
+    assert max(float((g - w).abs().max()) for g, w in zip(got, want)) <= 1e-5
+    back = hf_weights.megatron_to_hf(hf_weights.gather_full(megatron, shape, None), shape)
+    assert ("lm_head.weight" in back) is not (family == "qwen3_tied")
