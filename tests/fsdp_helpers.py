@@ -127,3 +127,27 @@ def single_thread():
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+# ---------------------------------------------------------------------------- vocabulary-parallel head
+def sharded_head_worker(rank, world_size, inputs, teacher_kind, chunk):
+    """The chunked head on this rank's rows of the vocabulary (``Vocab`` over the world group); returns the
+    per-position outputs, the hidden states' gradient and this rank's weight-row gradient."""
+    import torch.distributed as dist
+
+    from slime.backends.fsdp_utils.chunked_head import FullTeacher, HeadSpec, Vocab, head_stats
+
+    hidden, weight, targets, teacher, topk, loss_weights, temperature = inputs
+    rows = -(-weight.shape[0] // world_size)
+    start = rank * rows
+    held = min(rows, weight.shape[0] - start)
+    vocab = Vocab(start, held, dist.group.WORLD)
+    hidden = hidden.clone().requires_grad_(True)
+    local = weight[start:start + held].clone().requires_grad_(True)
+    if teacher_kind == "full":
+        teacher = FullTeacher(teacher.hidden, teacher.weight[start:start + held], None)
+    spec = HeadSpec(targets, temperature, chunk, True, teacher if teacher_kind == "full" else
+                    topk if teacher_kind == "topk" else None, vocab)
+    out = head_stats(hidden, local, None, spec)
+    (out * loss_weights[:, :out.shape[1]]).sum().backward()
+    return out.detach(), hidden.grad, local.grad

@@ -77,3 +77,29 @@ def test_bfloat16_head_sums_weight_gradients_in_float32():
     ref = _reference(h16.detach().float().requires_grad_(True), w16.detach().float().requires_grad_(True), None,
                      targets, None, None, None, True)
     torch.testing.assert_close(out, ref.detach(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("teacher_kind", [None, "full", "topk"])
+def test_vocabulary_split_over_two_ranks_gives_the_same_values_and_gradients(teacher_kind):
+    """Each rank holds half the vocabulary's rows (the second one fewer: V is odd, as a TP-padded output
+    layer's last shard): outputs, the hidden states' gradient and each rank's weight-row gradient equal
+    the whole-vocabulary head's."""
+    from fsdp_helpers import sharded_head_worker
+
+    from slime.backends.fsdp_utils.launch import run_local_group
+
+    hidden, weight, _, targets, teacher, topk, _, loss_weights = _inputs(seed=5, bias=False)
+    hidden, weight = hidden.detach(), weight.detach()
+    teacher = FullTeacher(teacher.hidden, teacher.weight, None)
+    inputs = (hidden, weight, targets, teacher, topk, loss_weights, T)
+    ranks = run_local_group(sharded_head_worker, 2, inputs, teacher_kind, 4)
+
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    spec = HeadSpec(targets, T, 4, True, teacher if teacher_kind == "full" else topk if teacher_kind == "topk" else None)
+    out = head_stats(h, w, None, spec)
+    (out * loss_weights[:, :out.shape[1]]).sum().backward()
+    rows = -(-V // 2)
+    for rank, (r_out, r_grad_h, r_grad_w) in enumerate(ranks):
+        torch.testing.assert_close(r_out, out.detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(r_grad_h, h.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(r_grad_w, w.grad[rank * rows:(rank + 1) * rows], rtol=1e-4, atol=1e-5)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1024 ** 3
 # The plan says "fits" only with this share of the device left for the CUDA context, NCCL buffers and
@@ -222,9 +222,8 @@ def estimate_megatron(policy: ModelShape, work: Workload, *, frozen: list[ModelS
     moments (the trainer keeps a full optimizer per DP rank). Activations: the attention and MLP inner
     parts are split over TP; the hidden-sized parts (norms, layer inputs) also, with sequence parallelism,
     by sequence. Batches are right-padded with an explicit causal mask; attention runs through a fused
-    kernel on GPUs (no [seq, seq] scores kept). The LM head gathers the full float32 output weight
-    ``[vocab, hidden]`` on every rank for the chunked log-prob head, and builds its full gradient: both
-    count, with the chunk buffers, as the log-prob workspace.
+    kernel on GPUs (no [seq, seq] scores kept). The chunked log-prob head runs on each rank's share of the
+    vocabulary (its rows of the output layer), so its buffers and weight gradient are split over TP too.
     """
     c = 2 if work.device == "cuda" else 4
     tp, t, v, h = work.tp, work.tokens, policy.vocab, policy.hidden
@@ -239,8 +238,12 @@ def estimate_megatron(policy: ModelShape, work: Workload, *, frozen: list[ModelS
     stored = t * policy.layers * (c * h // seq if work.recompute else layer)
     stored += t * (4 + 4 + c) * h // seq + t * t  # final norm; the causal mask (upper bound)
     working = t * ((layer if work.recompute else 0) + c * (4 * policy.intermediate // tp + 2 * h // seq))
-    head = 8 * v * h + (c * v * h if c != 4 else 0)  # gathered float32 weight, its gradient, a bfloat16 cast
-    workspace = _head_rows(policy, work, c, teacher_head=4) + head
+    # The head runs on this rank's vocabulary rows: per-chunk buffers of vocab / TP columns, the float32 sum
+    # of its weight-row gradient, and on GPUs a bfloat16 cast of those rows.
+    shard_vocab = lambda m: replace(m, vocab=-(-m.vocab // tp))  # noqa: E731
+    local = replace(work, full_kl_teacher=shard_vocab(work.full_kl_teacher)) if work.full_kl_teacher else work
+    head = 4 * v * h // tp + (c * v * h // tp if c != 4 else 0)
+    workspace = _head_rows(shard_vocab(policy), local, c, teacher_head=0) + head
     # Optimizer step: on GPUs the trainer's AdamW is fused (in place); on CPU one parameter at a time.
     adam_temp = 0 if work.device == "cuda" else 2 * split(max(v * h, policy.layer_params))
     return {

@@ -52,7 +52,14 @@ def topk_reverse_kl(student_log_probs: torch.Tensor, teacher_ids: torch.Tensor,
     s_top = student_log_probs.gather(-1, ids)
     # log of the student's mass outside the teacher's k tokens, exactly: logsumexp over the rest.
     outside = student_log_probs.scatter(-1, ids, float("-inf"))
-    s_rest = torch.logsumexp(outside, dim=-1).clamp_min(_MIN_LOG_MASS)
+    return topk_kl_from_parts(s_top, torch.logsumexp(outside, dim=-1), t_top)
+
+
+def topk_kl_from_parts(s_top: torch.Tensor, s_rest: torch.Tensor, t_top: torch.Tensor) -> torch.Tensor:
+    """:func:`topk_reverse_kl` from the student's log-probs of the teacher's k tokens (``[positions, k]``)
+    and the log of its remaining mass (``[positions]``): what a head split over vocabulary shards can
+    assemble without whole rows."""
+    s_rest = s_rest.clamp_min(_MIN_LOG_MASS)
     t_rest = torch.log1p(-t_top.exp().sum(-1).clamp(max=1.0 - 1e-7)).clamp_min(_MIN_LOG_MASS)
     top = (s_top.exp() * (s_top - t_top)).sum(-1)
     return top + s_rest.exp() * (s_rest - t_rest)

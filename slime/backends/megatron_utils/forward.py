@@ -2,11 +2,10 @@
 
 The decoder runs once per micro-batch (embedding, layers, final norm; ``GPTModel._preprocess`` and
 ``.decoder``, Megatron's own pieces); the LM head then runs on the response positions only, through the
-same chunked head as the FSDP backend (``fsdp_utils.chunked_head``: closed-form gradients, a chunk of
-positions at a time). Its weight is the output layer gathered over tensor-parallel ranks and cut back to
-the HF vocabulary (:class:`_GatherVocab`), so every rank computes the same whole-vocabulary rows.
-That costs one float32 ``[vocab, hidden]`` copy (and its gradient) per rank, and keeps one head
-implementation for both backends; the log-prob workspace stays bounded by ``--log-probs-chunk-size``.
+chunked head the FSDP backend uses (``fsdp_utils.chunked_head``: closed-form gradients, a chunk of
+positions at a time), on this rank's rows of the vocabulary-parallel output layer (``output_head``): the
+head's log-softmax, picks and sums are completed over the tensor-parallel group, so no rank ever holds a
+whole-vocabulary weight or row. Rows past the HF vocabulary (padding to a multiple of TP) are left out.
 
 Batches are right-padded (``fsdp_utils.forward.collate``) and the mask is causal, so padding never
 reaches a real position. Layout and temperature conventions: docs/en/developer_guide/architecture.md.
@@ -18,43 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-from slime.backends.fsdp_utils.chunked_head import FullTeacher, HeadSpec, TopkTeacher, head_stats
+from slime.backends.fsdp_utils.chunked_head import WHOLE, FullTeacher, HeadSpec, TopkTeacher, Vocab, head_stats
 from slime.backends.fsdp_utils.forward import Scores, collate, response_targets
 from slime.utils.types import Sample
-
-
-class _GatherVocab(torch.autograd.Function):
-    """Vocabulary-parallel ``[V/tp, h]`` shards -> the full ``[vocab, h]`` weight on every rank.
-
-    Every rank then runs identical head computations, so the full weight's gradient is the same on all
-    of them and each keeps the rows it owns (no reduction needed).
-    """
-
-    @staticmethod
-    def forward(ctx, local, vocab_size, group):
-        ctx.group, ctx.rows, ctx.vocab_size = group, local.shape[0], vocab_size
-        size = dist.get_world_size(group) if group is not None else 1
-        parts = [local] if size == 1 else [torch.empty_like(local) for _ in range(size)]
-        if size > 1:
-            dist.all_gather(parts, local.contiguous(), group=group)
-        return torch.cat(parts)[:vocab_size]
-
-    @staticmethod
-    def backward(ctx, grad):
-        rank = dist.get_rank(ctx.group) if ctx.group is not None else 0
-        full = grad.new_zeros(ctx.rows * (dist.get_world_size(ctx.group) if ctx.group is not None else 1),
-                              grad.shape[1])
-        full[: ctx.vocab_size] = grad
-        return full[rank * ctx.rows:(rank + 1) * ctx.rows], None, None
-
-
-class _Head:
-    """What the chunked head reads: a full-vocabulary weight (no bias in these model families)."""
-
-    bias = None
-
-    def __init__(self, weight):
-        self.weight = weight
 
 
 def _tp_group():
@@ -63,10 +28,16 @@ def _tp_group():
     return ps.get_tensor_model_parallel_group() if ps.get_tensor_model_parallel_world_size() > 1 else None
 
 
-def output_weight(model) -> torch.Tensor:
+def output_head(model) -> tuple[torch.Tensor, Vocab]:
+    """This rank's output-layer rows that hold real vocabulary ids, and which ids those are."""
     local = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights \
         else model.output_layer.weight
-    return _GatherVocab.apply(local, model.slime_shape.vocab_size, _tp_group())
+    vocab_size, group = model.slime_shape.vocab_size, _tp_group()
+    if group is None:
+        return local[:vocab_size], WHOLE
+    start = dist.get_rank(group) * local.shape[0]
+    held = max(0, min(local.shape[0], vocab_size - start))
+    return local[:held], Vocab(start, held, group)
 
 
 def enable_recompute(model) -> None:
@@ -130,9 +101,10 @@ def score(model, samples: list[Sample], *, temperature: float, device, chunk_siz
     """Response-span log-probs (float32), with entropies / reverse KL to ``teacher`` when asked."""
     with _autocast(device):
         rows = _response_rows(model, samples, device)
+        weight, vocab = output_head(model)
         targets = torch.cat(response_targets(samples, device))
-        spec = HeadSpec(targets, temperature, _chunk(chunk_size, rows.shape[0]), entropy, teacher)
-        out = head_stats(rows, output_weight(model), None, spec)
+        spec = HeadSpec(targets, temperature, _chunk(chunk_size, rows.shape[0]), entropy, teacher, vocab)
+        out = head_stats(rows, weight, None, spec)
     cols = [_split(out[:, c], samples) for c in range(spec.columns)]
     return Scores(cols[0], cols[1] if entropy else None, cols[-1] if teacher is not None else None)
 
@@ -140,11 +112,13 @@ def score(model, samples: list[Sample], *, temperature: float, device, chunk_siz
 @torch.no_grad()
 def teacher_for_kl(model, samples: list[Sample], *, temperature: float, device,
                    chunk_size: int) -> tuple[list[torch.Tensor], FullTeacher]:
-    """A frozen in-trainer teacher: its log-probs of the sampled tokens, and itself as hidden states +
-    full head weight for the student's whole-distribution KL."""
+    """A frozen in-trainer teacher: its log-probs of the sampled tokens, and itself as hidden states + its
+    rows of the output layer (the same vocabulary split as the student's) for the whole-distribution KL."""
     with _autocast(device):
         rows = _response_rows(model, samples, device)
-        teacher = FullTeacher(rows, output_weight(model).detach().clone())
-        spec = HeadSpec(torch.cat(response_targets(samples, device)), temperature, _chunk(chunk_size, rows.shape[0]))
+        weight, vocab = output_head(model)
+        teacher = FullTeacher(rows, weight.detach())
+        spec = HeadSpec(torch.cat(response_targets(samples, device)), temperature, _chunk(chunk_size, rows.shape[0]),
+                        vocab=vocab)
         log_probs = head_stats(teacher.hidden, teacher.weight, None, spec)[:, 0]
     return _split(log_probs, samples), teacher

@@ -8,8 +8,8 @@ own initialisation is skipped. On CPU the local (pure-PyTorch) layer spec is use
 ``cpu_patches``; with CUDA and Transformer Engine installed, Transformer Engine's spec.
 
 The vocabulary is padded to a multiple of the tensor-parallel size only (not Megatron's 128 default):
-padded rows never reach a log-prob, because the head slices the gathered output weight back to the
-HF vocabulary (``forward.py``).
+padded rows never reach a log-prob, because the head leaves the rows past the HF vocabulary out
+(``forward.output_head``).
 """
 
 from __future__ import annotations
