@@ -272,3 +272,23 @@ def test_other_families_match_transformers(family, tmp_path):
     assert max(float((g - w).abs().max()) for g, w in zip(got, want)) <= 1e-5
     back = hf_weights.megatron_to_hf(hf_weights.gather_full(megatron, shape, None), shape)
     assert ("lm_head.weight" in back) is not (family == "qwen3_tied")
+
+
+def test_a_runs_own_save_root_is_a_teacher(ckpts, tmp_path):
+    """``--opd-teacher-load`` may name this project's own ``--save`` root: the iteration named by
+    ``latest_checkpointed_iteration.txt`` (or ``--opd-teacher-ckpt-step``) and its ``model/hf`` folder."""
+    import shutil
+
+    from slime.backends.megatron_utils import weight_sources
+
+    root = tmp_path / "run"
+    for step, source in ((2, ckpts["student"]), (4, ckpts["teacher"])):
+        shutil.copytree(source, root / f"iter_{step:07d}" / "model" / "hf")
+    (root / "latest_checkpointed_iteration.txt").write_text("4")
+    latest = weight_sources.resolve(str(root), "--opd-teacher-load", {})
+    assert latest.hf_folder == str(root / "iter_0000004" / "model" / "hf")
+    older = weight_sources.resolve(str(root), "--opd-teacher-load", {}, ckpt_step=2)
+    assert older.hf_folder == str(root / "iter_0000002" / "model" / "hf")
+    (root / "iter_0000006").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither model/hf"):
+        weight_sources.resolve(str(root), "--opd-teacher-load", {}, ckpt_step=6)
