@@ -510,6 +510,9 @@ def _validate_parallel(args):
     if world % tp:
         _fail(f"--tensor-model-parallel-size {tp} must divide the {world} trainer processes "
               "(--actor-num-nodes x --actor-num-gpus-per-node)")
+    if args.advantage_estimator == "ppo" and args.loss_type != "sft_loss":
+        _fail("--advantage-estimator ppo trains a critic, which --train-backend megatron does not have yet: use "
+              "--train-backend fsdp, or a critic-free estimator (grpo, gspo, reinforce_plus_plus, reinforce_plus_plus_baseline)")
     if args.sequence_parallel and tp == 1:
         # Megatron-LM's rule: sequence parallelism needs tensor parallelism, so it is switched off with a warning.
         warnings.warn("--sequence-parallel with --tensor-model-parallel-size 1: disabled (it splits the sequence "

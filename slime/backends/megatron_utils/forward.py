@@ -73,7 +73,9 @@ def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     if model.config.sequence_parallel:
         from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
-        hidden = gather_from_sequence_parallel_region(hidden)
+        # The head hands every rank the whole (summed) gradient of these states, so backward only keeps
+        # this rank's part of the sequence (no reduce-scatter, which would add the same gradient TP times).
+        hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
     return hidden.transpose(0, 1)[:, :seq]  # Megatron runs [seq, batch, hidden]
 
 
