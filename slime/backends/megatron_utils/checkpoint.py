@@ -112,7 +112,10 @@ def load(actor, path: str) -> None:
         local = {}
         for moment, tensor in whole.items():
             local[moment] = hf_weights.shard({name: tensor}, shape, layout.tp_rank, layout.tp_size)[name].to(param.device)
-        local["step"] = torch.tensor(float(entries["step"]))
+        # AdamW keeps the step count on the parameter's device when fused (GPUs), on the CPU otherwise.
+        on_device = any(g["fused"] or g["capturable"] for g in actor.optimizer.param_groups)
+        local["step"] = torch.tensor(float(entries["step"]), dtype=torch.float32,
+                                     device=param.device if on_device else "cpu")
         actor.optimizer.state[param] = local
     for group, saved in zip(actor.optimizer.param_groups, optim["param_groups"]):
         group.update({k: v for k, v in saved.items() if k != "params"})
