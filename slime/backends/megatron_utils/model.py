@@ -5,7 +5,8 @@ torch.distributed world (gloo on CPU, nccl on GPU) and seeds its RNG tracker. ``
 ``config.json`` onto a ``TransformerConfig`` and the GPTModel arguments; parameters are built in float32
 (the master copy AdamW updates) and filled from a checkpoint afterwards (``hf_weights``), so Megatron's
 own initialisation is skipped. On CPU the local (pure-PyTorch) layer spec is used with the patches in
-``cpu_patches``; with CUDA and Transformer Engine installed, Transformer Engine's spec.
+``cpu_patches`` and PyTorch's fused attention (``sdpa_attention``); with CUDA and Transformer Engine
+installed, Transformer Engine's spec.
 
 The vocabulary is padded to a multiple of the tensor-parallel size only (not Megatron's 128 default):
 padded rows never reach a log-prob, because the head leaves the rows past the HF vocabulary out
@@ -153,7 +154,10 @@ def build_gpt(config: dict, args, tp_size: int, *, recompute: bool = False):
     if use_transformer_engine():
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_layernorm)
     else:
+        from slime.backends.megatron_utils.sdpa_attention import SDPACoreAttention
+
         spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     model = GPTModel(transformer, spec, vocab_size=shape.padded_vocab_size,
                      max_sequence_length=int(config.get("max_position_embeddings", 4096)),
                      position_embedding_type="rope", rotary_base=int(theta),
