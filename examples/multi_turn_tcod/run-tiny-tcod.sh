@@ -9,7 +9,8 @@
 #      --opd-loss full (the reverse KL over the teacher's top-20 tokens, not one sampled token)
 #   4. table + plot (examples/multi_turn_tcod/report.py) under OUT_DIR
 # Environment: PYTHON (default python3), OUT_DIR (default outputs/tiny-tcod), STEPS, TEACHER_STEPS,
-# STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full | sampled), EVAL_N. Evaluation is at the
+# STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full | sampled), EVAL_N, TRAIN_BACKEND (fsdp |
+# megatron: the same runs on the Megatron-core trainer). Evaluation is at the
 # rollout temperature 1.0, the distribution OPD matches (why: docs/en/advanced/opd-regimes.md).
 # Measured time: examples/multi_turn_tcod/README.md.
 set -euo pipefail
@@ -19,6 +20,7 @@ cd "${REPO_DIR}"
 PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT_DIR:-outputs/tiny-tcod}"
 SEED="${SEED:-0}"
+TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
 # SFT: each rollout step replays 64 expert episodes and takes 8 optimizer steps of 8 episodes. On 96
 # held-out tasks at temperature 1.0 this run's checkpoints solve 0.21 after 20 steps and 0.76 after 90.
 TEACHER_STEPS="${TEACHER_STEPS:-90}"   # SFT rollout steps of the teacher (720 optimizer steps)
@@ -58,6 +60,7 @@ GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
   --out "${OUT_DIR}/eval.jsonl"
 
 COMMON=(
+  --train-backend "${TRAIN_BACKEND}"
   --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
   --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env
   --custom-generate-function-path slime.rollout.multi_turn.generate
