@@ -107,6 +107,8 @@ from slime.utils.types import Sample
 
 if sys.argv[2] == "SIGTERM":  # a driver that cleans up on SIGTERM turns it into an exception
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+else:  # Ctrl-C as in a terminal, even when this suite runs in the background (where SIGINT is ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 import flaky_env
 real_reset = flaky_env.FlakyEnv.reset
 def reset(self):
