@@ -291,3 +291,20 @@ def test_a_runs_own_save_root_is_a_teacher(ckpts, tmp_path):
     (root / "iter_0000006").mkdir()
     with pytest.raises(FileNotFoundError, match="neither model/hf"):
         weight_sources.resolve(str(root), "--opd-teacher-load", {}, ckpt_step=6)
+
+
+def test_full_recompute_changes_memory_not_numbers(ckpts):
+    """--recompute-granularity full (upstream's spelling) recomputes every decoder layer in backward; the
+    step's metrics and weights equal those without it."""
+    from slime.backends.megatron_utils.actor import MegatronActor
+
+    ensure_single_process_group()
+    results = []
+    for extra in ([], ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]):
+        actor = MegatronActor(megatron_args(ckpts["student"], *OPD_SERVER, *extra), 0, 1)
+        assert all(getattr(layer, "slime_recompute", False) == bool(extra) for layer in actor.model.decoder.layers)
+        metrics = actor.train(0, make_samples(0, with_teacher=True), 0.0)
+        results.append((metrics["loss"], metrics["grad_norm"], full_hf_weights(actor)))
+    (loss, norm, want), (loss_rc, norm_rc, got) = results
+    assert loss_rc == pytest.approx(loss, rel=1e-6) and norm_rc == pytest.approx(norm, rel=1e-6)
+    assert max(float((want[k] - got[k]).abs().max()) for k in want) <= 1e-6

@@ -86,11 +86,11 @@ class MegatronActor(RolloutTrainer):
             raise ValueError("; ".join(problems))
 
     def _build(self, source: weight_sources.WeightSource, *, trained: bool):
-        model = build_gpt(source.config, self.args, self.layout.tp_size, recompute=self.recompute and trained)
+        model = build_gpt(source.config, self.args, self.layout.tp_size)
         shape = model.slime_shape
         hf_weights.load_local(model, hf_weights.shard(source.full_state(shape), shape, self.layout.tp_rank,
                                                       self.layout.tp_size))
-        if trained and self.recompute and not torch.cuda.is_available():
+        if trained and self.recompute:
             forward.enable_recompute(model)
         if not trained:
             model.eval()

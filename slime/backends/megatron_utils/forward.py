@@ -41,8 +41,9 @@ def output_head(model) -> tuple[torch.Tensor, Vocab]:
 
 
 def enable_recompute(model) -> None:
-    """Recompute each decoder layer in backward (torch.utils.checkpoint), for CPU runs where Megatron's
-    own recompute (which forks the CUDA RNG) cannot run. Idempotent."""
+    """Recompute each decoder layer in backward (torch.utils.checkpoint; --recompute-granularity full,
+    uniform, 1 layer): only layer inputs stay alive. Used on every device instead of Megatron's recompute,
+    whose CUDA-RNG bookkeeping cannot run on CPU. Idempotent."""
     for layer in model.decoder.layers:
         if getattr(layer, "slime_recompute", False):
             continue

@@ -123,7 +123,7 @@ def use_transformer_engine() -> bool:
     return True
 
 
-def build_gpt(config: dict, args, tp_size: int, *, recompute: bool = False):
+def build_gpt(config: dict, args, tp_size: int):
     """A float32 ``GPTModel`` shaped like the HF ``config`` (weights uninitialised: load them next)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -145,11 +145,8 @@ def build_gpt(config: dict, args, tp_size: int, *, recompute: bool = False):
         tensor_model_parallel_size=tp_size, sequence_parallel=sequence_parallel,
         params_dtype=torch.float32, use_cpu_initialization=not on_gpu, perform_initialization=False,
         attention_softmax_in_fp32=True, bf16=False,
-        # Full recompute of every layer (--recompute-granularity full): layer inputs are kept, the rest is
-        # recomputed in backward. Megatron's own recompute forks the CUDA RNG, so it runs on GPUs only;
-        # on CPU the trainer wraps layers with torch.utils.checkpoint instead (forward.py).
-        **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-           if recompute and on_gpu else {}),
+        # --recompute-granularity full is applied by the trainer (forward.enable_recompute, the same on CPU
+        # and GPU) rather than by Megatron's recompute, which saves and restores CUDA RNG states.
     )
     if use_transformer_engine():
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_layernorm)
