@@ -68,6 +68,24 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def save_rng(path: str) -> None:
+    """This rank's torch CPU (and CUDA) generator states, ``rng/rank_<r>.safetensors``."""
+    rng = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["torch_cuda"] = torch.cuda.get_rng_state()
+    os.makedirs(os.path.join(path, "rng"), exist_ok=True)
+    save_file(rng, os.path.join(path, "rng", f"rank_{_rank()}.safetensors"))
+
+
+def load_rng(path: str) -> None:
+    rng_file = os.path.join(path, "rng", f"rank_{_rank()}.safetensors")
+    if os.path.isfile(rng_file):  # absent when resuming on more ranks than were saved
+        rng = read_safetensors(rng_file)
+        torch.set_rng_state(rng["torch_cpu"])
+        if "torch_cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["torch_cuda"])
+
+
 def write_hf(actor, folder: str) -> None:
     """Policy weights (+ tokenizer) in HF format; a collective."""
     state = model_io.full_model_state(actor.model)
@@ -115,11 +133,7 @@ def save(actor, path: str) -> None:
                 "optimizer_steps": actor.optimizer_steps, "has_critic": actor.critic is not None}
         with open(os.path.join(path, "trainer_meta.json"), "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1)
-    rng = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["torch_cuda"] = torch.cuda.get_rng_state()
-    os.makedirs(os.path.join(path, "rng"), exist_ok=True)
-    save_file(rng, os.path.join(path, "rng", f"rank_{_rank()}.safetensors"))
+    save_rng(path)
     _barrier()
 
 
@@ -159,10 +173,5 @@ def load(actor, path: str) -> None:
         model_io.load_full_optimizer_state(actor.critic, actor.critic_optimizer,
                                            load_optimizer_state(os.path.join(path, "critic_optimizer")))
     actor.optimizer_steps = int(meta["optimizer_steps"])
-    rng_file = os.path.join(path, "rng", f"rank_{_rank()}.safetensors")
-    if os.path.isfile(rng_file):  # absent when resuming on more ranks than were saved
-        rng = read_safetensors(rng_file)
-        torch.set_rng_state(rng["torch_cpu"])
-        if "torch_cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["torch_cuda"])
+    load_rng(path)
     _barrier()

@@ -111,7 +111,8 @@ def _flat_targets(samples, device) -> torch.Tensor:
     return torch.cat(response_targets(samples, device))
 
 
-def _split(column: torch.Tensor, samples) -> list[torch.Tensor]:
+def split_per_sample(column: torch.Tensor, samples) -> list[torch.Tensor]:
+    """A flat per-position column cut back into one tensor per sample (response lengths)."""
     return list(column.split([s.response_length for s in samples]))
 
 
@@ -140,7 +141,7 @@ def teacher_for_kl(model, samples, *, temperature, pad_token_id, device,
         teacher = FullTeacher(*_run_head(model, samples, pad_token_id, device, keep))
         spec = HeadSpec(_flat_targets(samples, device), temperature, chunk_size)
         log_probs = head_stats(teacher.hidden, teacher.weight, teacher.bias, spec)[:, 0]
-    return _split(log_probs, samples), teacher
+    return split_per_sample(log_probs, samples), teacher
 
 
 def topk_teacher(samples, device) -> TopkTeacher:
@@ -205,7 +206,7 @@ def score(model, samples: list[Sample], *, temperature: float, pad_token_id: int
     spec = HeadSpec(_flat_targets(samples, device), temperature, chunk_size, entropy, teacher)
     out = _run_head(model, samples, pad_token_id, device,
                     lambda rows, head: head_stats(rows, head.weight, head.bias, spec))
-    cols = [_split(out[:, c], samples) for c in range(spec.columns)]
+    cols = [split_per_sample(out[:, c], samples) for c in range(spec.columns)]
     return Scores(cols[0], cols[1] if entropy else None, cols[-1] if teacher is not None else None)
 
 

@@ -20,6 +20,7 @@ the same tensor-parallel layout, loaded from a HF folder or a Megatron checkpoin
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ from slime.backends.megatron_utils.model import build_gpt, init_parallel
 from slime.backends.rollout_trainer import RolloutTrainer
 from slime.utils import teacher_vocab
 from slime.utils.arguments import needs_reference
+from slime.utils.megatron_shape import shape_mismatches
 
 
 class MegatronActor(RolloutTrainer):
@@ -60,7 +62,7 @@ class MegatronActor(RolloutTrainer):
         self._check_shape_flags()
         self.model, self.shape = self._build(policy, trained=True)
         self.vocab_size = self.shape.vocab_size
-        self.pad_token_id = self._pad_id(_Config(self.config))
+        self.pad_token_id = self._pad_id(SimpleNamespace(pad_token_id=self.config.get("pad_token_id")))
         # On GPUs the fused kernel updates in place: no float32 temporaries the size of all moments.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                            eps=args.adam_eps, weight_decay=args.weight_decay,
@@ -77,10 +79,6 @@ class MegatronActor(RolloutTrainer):
     # ------------------------------------------------------------------ setup helpers
     def _check_shape_flags(self) -> None:
         """Upstream's model-shape flags (--num-layers, --hidden-size, ...) must describe --hf-checkpoint."""
-        try:
-            from slime.utils.megatron_shape import shape_mismatches
-        except ImportError:  # the flag group is not part of this build
-            return
         problems = shape_mismatches(self.args, self.config)
         if problems:
             raise ValueError("; ".join(problems))
@@ -166,13 +164,6 @@ class MegatronActor(RolloutTrainer):
 
     def export_hf(self, path: str) -> None:
         checkpoint.export_hf(self, os.path.abspath(path))
-
-
-class _Config:
-    """The attribute view ``_pad_id`` reads from a HF config dict."""
-
-    def __init__(self, config: dict):
-        self.pad_token_id = config.get("pad_token_id")
 
 
 def _all_reduce_flat(tensors: list[torch.Tensor], group, *, average: bool) -> None:

@@ -20,21 +20,17 @@ from safetensors.torch import save_file
 
 from slime.backends.fsdp_utils import checkpoint as fsdp_checkpoint
 from slime.backends.megatron_utils import hf_weights
-from slime.utils.checkpoint_files import read_json, read_safetensors
+from slime.utils.checkpoint_files import read_json
 
 FORMAT_VERSION = 1
 BACKEND = "megatron"
 _COPIED_FILES = ("config.json", "generation_config.json")
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def write_hf(actor, folder: str) -> None:
     """The policy as a HF folder (a collective: every rank gathers its tensor-parallel group's shards)."""
     full = hf_weights.gather_full(actor.model, actor.shape, actor.tp_group)
-    if _rank() == 0:
+    if fsdp_checkpoint._rank() == 0:
         os.makedirs(folder, exist_ok=True)
         state = hf_weights.megatron_to_hf(full, actor.shape)
         save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
@@ -58,23 +54,17 @@ def _named_params(actor) -> dict[str, torch.nn.Parameter]:
 def save(actor, path: str) -> None:
     write_hf(actor, os.path.join(path, "hf"))
     params = _named_params(actor)
-    moments = {}
-    for name, param in params.items():
-        for key, value in actor.optimizer.state.get(param, {}).items():
-            if key != "step":
-                moments[f"{name}/{key}"] = value
-    by_param = {}
-    for key, value in moments.items():
-        name, moment = key.rsplit("/", 1)
-        by_param.setdefault(moment, {})[name] = value
-    full = {moment: hf_weights.gather_tensors(tensors, actor.shape, actor.tp_group)
-            for moment, tensors in sorted(by_param.items())}
-    if _rank() == 0:
-        state = {name: {moment: full[moment][name] for moment in full if name in full[moment]} for name in params}
-        steps = {name: float(actor.optimizer.state[p]["step"]) for name, p in params.items()
-                 if "step" in actor.optimizer.state.get(p, {})}
-        for name, step in steps.items():
-            state[name]["step"] = step
+    states = {name: actor.optimizer.state.get(param, {}) for name, param in params.items()}
+    moments = sorted({key for entries in states.values() for key in entries if key != "step"})
+    # Every tensor-parallel rank gathers (a collective); rank 0 writes whole tensors.
+    full = {moment: hf_weights.gather_tensors({name: entries[moment] for name, entries in states.items()
+                                               if moment in entries}, actor.shape, actor.tp_group)
+            for moment in moments}
+    if fsdp_checkpoint._rank() == 0:
+        state = {name: {moment: full[moment][name] for moment in moments if name in full[moment]} for name in params}
+        for name, entries in states.items():
+            if "step" in entries:
+                state[name]["step"] = float(entries["step"])
         groups = [{k: v for k, v in group.items() if k != "params"} for group in actor.optimizer.param_groups]
         fsdp_checkpoint.save_optimizer_state({"state": state, "param_groups": groups}, os.path.join(path, "optimizer"))
         meta = {"format_version": FORMAT_VERSION, "backend": BACKEND, "world_size": dist.get_world_size(),
@@ -82,11 +72,7 @@ def save(actor, path: str) -> None:
                 "has_critic": False}
         with open(os.path.join(path, "trainer_meta.json"), "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1)
-    os.makedirs(os.path.join(path, "rng"), exist_ok=True)
-    rng = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["torch_cuda"] = torch.cuda.get_rng_state()
-    save_file(rng, os.path.join(path, "rng", f"rank_{_rank()}.safetensors"))
+    fsdp_checkpoint.save_rng(path)
     fsdp_checkpoint._barrier()
 
 
@@ -120,10 +106,5 @@ def load(actor, path: str) -> None:
     for group, saved in zip(actor.optimizer.param_groups, optim["param_groups"]):
         group.update({k: v for k, v in saved.items() if k != "params"})
     actor.optimizer_steps = int(meta["optimizer_steps"])
-    rng_file = os.path.join(path, "rng", f"rank_{_rank()}.safetensors")
-    if os.path.isfile(rng_file):
-        rng = read_safetensors(rng_file)
-        torch.set_rng_state(rng["torch_cpu"])
-        if "torch_cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["torch_cuda"])
+    fsdp_checkpoint.load_rng(path)
     fsdp_checkpoint._barrier()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 
 from slime.backends.fsdp_utils.chunked_head import WHOLE, FullTeacher, HeadSpec, TopkTeacher, Vocab, head_stats
-from slime.backends.fsdp_utils.forward import Scores, collate, response_targets
+from slime.backends.fsdp_utils.forward import Scores, collate, response_targets, split_per_sample
 from slime.utils.types import Sample
 
 
@@ -86,10 +86,6 @@ def _response_rows(model, samples: list[Sample], device) -> torch.Tensor:
     return torch.cat([hidden[row, s.prompt_length - 1:len(s.tokens) - 1] for row, s in enumerate(samples)])
 
 
-def _split(column: torch.Tensor, samples) -> list[torch.Tensor]:
-    return list(column.split([s.response_length for s in samples]))
-
-
 def _chunk(chunk_size: int, positions: int) -> int:
     return chunk_size if chunk_size > 0 else max(positions, 1)  # <= 0: one chunk, whole rows
 
@@ -108,7 +104,7 @@ def score(model, samples: list[Sample], *, temperature: float, device, chunk_siz
         targets = torch.cat(response_targets(samples, device))
         spec = HeadSpec(targets, temperature, _chunk(chunk_size, rows.shape[0]), entropy, teacher, vocab)
         out = head_stats(rows, weight, None, spec)
-    cols = [_split(out[:, c], samples) for c in range(spec.columns)]
+    cols = [split_per_sample(out[:, c], samples) for c in range(spec.columns)]
     return Scores(cols[0], cols[1] if entropy else None, cols[-1] if teacher is not None else None)
 
 
@@ -124,4 +120,4 @@ def teacher_for_kl(model, samples: list[Sample], *, temperature: float, device,
         spec = HeadSpec(torch.cat(response_targets(samples, device)), temperature, _chunk(chunk_size, rows.shape[0]),
                         vocab=vocab)
         log_probs = head_stats(teacher.hidden, teacher.weight, None, spec)[:, 0]
-    return _split(log_probs, samples), teacher
+    return split_per_sample(log_probs, samples), teacher

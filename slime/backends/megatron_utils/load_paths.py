@@ -38,6 +38,10 @@ def iteration_folder(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
+def is_hf_folder(path: str) -> bool:
+    return os.path.isdir(path) and not _hf_missing(path)
+
+
 def _hf_missing(path: str) -> list[str]:
     missing = [] if os.path.isfile(os.path.join(path, "config.json")) else ["config.json"]
     return missing + ([] if glob.glob(os.path.join(path, "*.safetensors")) else ["*.safetensors weights"])

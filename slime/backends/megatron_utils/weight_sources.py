@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from slime.backends.megatron_utils import hf_weights
-from slime.backends.megatron_utils.load_paths import resolve_load
+from slime.backends.megatron_utils.load_paths import is_hf_folder, resolve_load
 from slime.backends.megatron_utils.model import GPTShape
 
 
@@ -43,11 +43,6 @@ class WeightSource:
         return {k: (v[: shape.vocab_size] if hf_weights.is_vocab_parallel(k) else v).float() for k, v in state.items()}
 
 
-def _is_hf(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, "config.json")) and any(
-        name.endswith(".safetensors") for name in os.listdir(folder))
-
-
 def read_config(folder: str) -> dict:
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
         return json.load(handle)
@@ -58,7 +53,7 @@ def resolve(path: str, flag: str, policy_config: dict, ckpt_step: int | None = N
     if source.kind == "hf":
         return WeightSource(flag, source.folder, None, read_config(source.folder))
     for candidate in (os.path.join(source.folder, "model", "hf"), os.path.join(source.folder, "hf")):
-        if os.path.isdir(candidate) and _is_hf(candidate):
+        if is_hf_folder(candidate):
             return WeightSource(flag, candidate, None, read_config(candidate))
     from slime.backends.megatron_utils.torch_dist_reader import is_torch_dist
 
