@@ -44,7 +44,7 @@ for config in "$@"; do
   "${PYTHON}" train.py --hf-checkpoint "${STUDENT}" --prompt-data "${DATA}/train.jsonl" --rollout-shuffle \
     --seed "${SEED}" --rollout-seed "${SEED}" \
     --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
-    --custom-generate-function-path slime.rollout.multi_turn.generate \
+    --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
     --max-turns 10 --max-turn-response-len 8 --rollout-max-response-len 480 \
     --eval-prompt-data gridnav "${DATA}/eval.jsonl" --eval-temperature "${EVAL_TEMPERATURE:-1.0}" \
     --rollout-batch-size "${episodes}" --global-batch-size "${gbs}" --micro-batch-size 8 \

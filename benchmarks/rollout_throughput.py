@@ -5,7 +5,7 @@ Two hf_engine processes serve the same model, one with its prefix cache (the def
 timed run so no run reuses an earlier repeat's identical requests. Sides, alternated within every
 repeat (best time of each is kept):
 
-* agent: ``slime.rollout.multi_turn.generate`` plays ``--episodes`` gridnav episodes concurrently
+* agent: ``examples.multi_turn_tcod.rollout.generate`` plays ``--episodes`` gridnav episodes concurrently
   (the CPU demo's task: 6x6, no walls, expert length 4..10, ``--max-turns 10``, 8 tokens per turn).
 * replay: the agent's own turn requests, re-sent without the environment: per episode one request per
   turn, in order (input = the recorded history before the turn, as many new tokens as the turn had),
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.multi_turn_tcod.envs import make_env  # noqa: E402
 from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
 from slime.backends.sglang_utils.launcher import launch_engine  # noqa: E402
-from slime.rollout import multi_turn  # noqa: E402
-from slime.rollout.chat_layout import decode_action, encode_observation  # noqa: E402
+from examples.multi_turn_tcod import rollout as multi_turn  # noqa: E402
+from examples.multi_turn_tcod.chat_layout import decode_action, encode_observation  # noqa: E402
 from slime.rollout.sglang_rollout import build_sampling_params, run_async  # noqa: E402
 from slime.utils import http_utils  # noqa: E402
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint  # noqa: E402

@@ -71,7 +71,7 @@ with open(sys.argv[1]) as src, open(sys.argv[2], 'w') as dst:
 base_args() {
   printf '%s\n' --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle \
     --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
-    --custom-generate-function-path slime.rollout.multi_turn.generate \
+    --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
     --max-turns "${MAX_TURNS}" --max-turn-response-len "${TURN_LEN}" --rollout-max-response-len "${RESPONSE_LEN}" \
     --eval-prompt-data "${SETTING}" "${OUT_DIR}/eval.jsonl" --eval-temperature "${EVAL_TEMPERATURE:-1.0}"
 }

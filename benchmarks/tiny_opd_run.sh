@@ -36,7 +36,7 @@ esac
 rm -rf "${OUT}/run"
 "${PYTHON}" train.py --hf-checkpoint "${OUT}/student" --prompt-data "${OUT}/train.jsonl" --rollout-shuffle \
   --seed 0 --rollout-seed 0 --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
-  --custom-generate-function-path slime.rollout.multi_turn.generate \
+  --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
   --max-turns 10 --max-turn-response-len 8 --rollout-max-response-len 480 \
   --rollout-batch-size 8 --micro-batch-size 8 --num-rollout "${STEPS}" --lr 1e-4 --rollout-temperature 1.0 \
   --use-opd --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate" \

@@ -92,7 +92,7 @@ def make_batches(n_batches: int, teacher_ckpt: str, seed: int = 0) -> list[list]
     """``n_batches`` demo-sized batches of multi-turn gridnav episodes with the server teacher's reply."""
     from examples.multi_turn_tcod.envs import gridnav
     from examples.multi_turn_tcod.envs.make_data import task_rows
-    from slime.rollout.chat_layout import encode_action, encode_observation, encode_prompt
+    from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt
     from slime.utils.tiny_models import build_tokenizer
     from slime.utils.types import Sample
 

@@ -17,10 +17,10 @@ import flaky_env
 from aiohttp import web
 
 from _engine_helpers import ThreadedApp
-from slime.rollout.chat_layout import encode_action
+from examples.multi_turn_tcod.chat_layout import encode_action
 from slime.rollout.sglang_rollout import run_async
 from slime.utils.http_utils import close_session
-from slime.utils.tcod_arguments import add_multi_turn_arguments, validate_multi_turn_tcod_args
+from slime.utils.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args
 from slime.utils.tiny_models import build_tokenizer
 from slime.utils.types import Status
 from test_multi_turn import make_args, play, task
@@ -60,7 +60,7 @@ def test_a_hung_step_fails_only_its_episode_and_every_env_is_closed(engine):
     samples = play(_args(engine), [task(0, hang_in="step"), task(1), task(2)])
     assert time.monotonic() - start < 30
     assert [s.status == Status.FAILED for s in samples] == [True, False, False]
-    assert f"{ENV}: step() did not return within 0.5 s (--env-step-timeout)" in samples[0].metadata["error"]
+    assert f"{ENV}: step() did not return within 0.5 s (env_step_timeout)" in samples[0].metadata["error"]
     assert samples[0].metadata["outcome"] == "env_error" and samples[0].remove_sample
     assert {1, 2} <= set(flaky_env.CLOSED)  # the others were closed; the hung one was asked to close too
     assert 0 in flaky_env.CLOSED
@@ -88,11 +88,13 @@ def test_a_nan_reward_fails_its_episode(engine):
 def test_the_flag_must_be_positive_and_finite(value):
     import argparse
 
-    args = add_multi_turn_arguments(argparse.ArgumentParser()).parse_args(["--env-step-timeout", value])
+    parser = add_multi_turn_arguments(argparse.ArgumentParser())
+    parser.set_defaults(rollout_max_response_len=256)
+    args = parser.parse_args(["--env-step-timeout", value])
     with pytest.raises(ValueError, match="--env-step-timeout must be a finite number of seconds > 0"):
-        validate_multi_turn_tcod_args(args)
-    ok = add_multi_turn_arguments(argparse.ArgumentParser()).parse_args([])
-    validate_multi_turn_tcod_args(ok)
+        validate_multi_turn_args(args)
+    ok = parser.parse_args([])
+    validate_multi_turn_args(ok)
     assert ok.env_step_timeout == 300.0
 
 
@@ -101,7 +103,7 @@ def test_the_flag_must_be_positive_and_finite(value):
 SCRIPT = """
 import asyncio, signal, sys
 from argparse import Namespace
-from slime.rollout import multi_turn
+from examples.multi_turn_tcod import rollout as multi_turn
 from slime.rollout.sglang_rollout import run_async
 from slime.utils.types import Sample
 

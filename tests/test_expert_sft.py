@@ -5,7 +5,7 @@ import json
 import pytest
 
 from examples.multi_turn_tcod.envs import make_data, make_env
-from slime.rollout import chat_layout
+from examples.multi_turn_tcod import chat_layout
 from slime.rollout.expert_sft import build_expert_sample, main as expert_sft_main
 from slime.utils.tiny_models import build_tokenizer
 from slime.utils.types import Sample

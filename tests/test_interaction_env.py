@@ -11,8 +11,8 @@ from argparse import Namespace
 import pytest
 
 from examples.multi_turn_tcod.envs import gridnav
-from slime.rollout import interaction_env
-from slime.rollout.interaction_env import EnvironmentContractError, build_interaction_env
+from examples.multi_turn_tcod import env_adapter as interaction_env
+from examples.multi_turn_tcod.env_adapter import EnvironmentContractError, build_interaction_env
 from slime.utils.types import Sample
 
 
@@ -111,7 +111,7 @@ def test_reset_must_give_text_and_paths_are_checked():
         _build(f"{name}.make_env").reset()
     with pytest.raises(ValueError, match="without a callable build_env"):
         _build("examples.multi_turn_tcod.envs.common")
-    with pytest.raises(ValueError, match="--rollout-interaction-env-path"):
+    with pytest.raises(ValueError, match="rollout_interaction_env_path"):
         build_interaction_env(Namespace(rollout_interaction_env_path=None), _task())
     nothing = _module("none_env", "def make_env(args, sample):\n    return None")
     with pytest.raises(EnvironmentContractError, match="returned None"):

@@ -9,9 +9,9 @@ import torch
 from _engine_helpers import start_hf_engine
 from examples.multi_turn_tcod.envs import make_env
 from slime.ray.rollout import TooManyFailures, select_trainable
-from slime.rollout.chat_layout import decode_action, encode_observation
-from slime.rollout import teacher_prefix
-from slime.rollout.multi_turn import generate
+from examples.multi_turn_tcod.chat_layout import decode_action, encode_observation
+from examples.multi_turn_tcod import teacher_prefix
+from examples.multi_turn_tcod.rollout import generate
 from slime.rollout.on_policy_distillation import teacher_payload
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
 from slime.rollout.tcod import episode_plan
@@ -246,7 +246,7 @@ def test_tcod_rollout_function_attaches_the_step_plan_through_the_data_source(en
 
     args = make_args(engine, "--use-opd", "--opd-type", "sglang", "--rm-url", engine[0].url + "/generate",
                      "--use-tcod", "--tcod-mode", "f2b", "--tcod-eta", "2", "--rollout-batch-size", "3",
-                     "--custom-generate-function-path", "slime.rollout.multi_turn.generate")
+                     "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate")
     for step, depth in ((0, 1), (5, 3)):
         groups = tcod.generate_rollout(args, step, _Tasks(3))
         samples = [s for g in groups for s in g]

@@ -89,7 +89,9 @@ def test_teacher_log_probs_equal_a_direct_forward(teacher, teacher_model, tok):
     for s, reply in zip(samples, run(score)):
         s.reward = reply
     raw, rewards = opd.post_process_rewards(args, samples)
-    assert raw == rewards == [0.0, 1.0]  # task rewards pass through; the teacher term lives in the trainer
+    # Pure OPD, as upstream's hook: every reward is 0 (the raw reward keeps the task's return for logging);
+    # the teacher term enters the advantages in the trainer.
+    assert raw == [0.0, 1.0] and rewards == [0.0, 0.0]
     for s in samples:
         s.validate()
         assert len(s.teacher_log_probs) == s.response_length

@@ -51,7 +51,7 @@ def test_trust_remote_code_is_opt_in():
 def test_trust_remote_code_reaches_the_agent_loop_tokenizer(monkeypatch, extra, trusted):
     import transformers
 
-    from slime.rollout import multi_turn
+    from examples.multi_turn_tcod import rollout as multi_turn
 
     seen = []
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",

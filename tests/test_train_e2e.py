@@ -43,7 +43,7 @@ def run(setup, name, *extra, steps=2, tcod=True):
             "--rollout-batch-size", "3", "--n-samples-per-prompt", "1", "--num-rollout", str(steps),
             "--rollout-max-response-len", "200", "--max-turn-response-len", "6", "--max-turns", "4",
             "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs.make_env",
-            "--custom-generate-function-path", "slime.rollout.multi_turn.generate",
+            "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
             "--use-opd", "--lr", "1e-3", "--save", str(out), "--rollout-seed", "11", *extra]
     if tcod:
         argv += ["--use-tcod", "--rollout-function-path", "slime.rollout.tcod.generate_rollout"]

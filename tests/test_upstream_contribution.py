@@ -3,7 +3,7 @@ upstream-shaped tree once, idempotently, and refuses anything else.
 
 The full proof against a real upstream checkout is opt-in (it needs one): set SLIME_UPSTREAM_DIR to a
 THUDM/slime checkout and ``test_verify_against_an_upstream_checkout`` runs
-``examples/multi_turn_tcod/upstream/verify.sh`` on it.
+``tools/slime_pr/verify.sh`` on it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.multi_turn_tcod.upstream import port
+from tools.slime_pr import port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ UPSTREAM_API = {
 # Optional imports of this project's runtime, made inside a function behind a clear error.
 RUNTIME_EXTRAS = {("slime/rollout/expert_sft.py", "slime.utils.tiny_models")}
 # The port's own tooling runs against upstream's tree (smoke.py imports upstream-only modules on purpose).
-TOOLING = "examples/multi_turn_tcod/upstream/"
+TOOLING = "tools/slime_pr/"
 
 
 def _contribution_modules() -> set[str]:
@@ -157,7 +157,7 @@ def test_port_refuses_a_validate_function_with_early_returns(tmp_path):
 @pytest.mark.skipif(not os.environ.get("SLIME_UPSTREAM_DIR"), reason="opt-in: set SLIME_UPSTREAM_DIR to a "
                     "THUDM/slime checkout to run the port, upstream's CPU tests and the TCOD smoke run on it")
 def test_verify_against_an_upstream_checkout():
-    out = subprocess.run(["bash", "examples/multi_turn_tcod/upstream/verify.sh", os.environ["SLIME_UPSTREAM_DIR"]],
+    out = subprocess.run(["bash", "tools/slime_pr/verify.sh", os.environ["SLIME_UPSTREAM_DIR"]],
                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
@@ -165,6 +165,6 @@ def test_verify_against_an_upstream_checkout():
 def test_verify_script_refuses_a_missing_checkout(tmp_path):
     if shutil.which("bash") is None:
         pytest.skip("no bash")
-    out = subprocess.run(["bash", "examples/multi_turn_tcod/upstream/verify.sh", str(tmp_path / "nope")],
+    out = subprocess.run(["bash", "tools/slime_pr/verify.sh", str(tmp_path / "nope")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0

@@ -1,4 +1,4 @@
-"""The upstream proof harness (examples/multi_turn_tcod/upstream/verify.sh and contracts.py), without an
+"""The upstream proof harness (tools/slime_pr/verify.sh and contracts.py), without an
 upstream checkout: argument handling, refusing trees that are not upstream slime, tree copies and checksums,
 the verdict rules, and the pytest recorder on a tiny stand-in tree."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from examples.multi_turn_tcod.upstream import contracts
+from tools.slime_pr import contracts
 
 REPO = Path(__file__).resolve().parents[1]
-VERIFY = REPO / "examples/multi_turn_tcod/upstream/verify.sh"
-CONTRACTS = REPO / "examples/multi_turn_tcod/upstream/contracts.py"
+VERIFY = REPO / "tools/slime_pr/verify.sh"
+CONTRACTS = REPO / "tools/slime_pr/contracts.py"
 
 # The files verify.sh looks for before it accepts SLIME_DIR as an upstream slime tree.
 MARKERS = ["slime/__init__.py", "slime/utils/arguments.py", "slime/utils/types.py",
@@ -141,7 +141,7 @@ def test_hook_table_names_the_contribution_hooks():
     by_key = {h.env_key: h for h in contracts.HOOKS if not h.extra_env}
     assert by_key["ROLLOUT_FUNCTION_PATH"].ours == "slime.rollout.tcod.generate_rollout"
     assert by_key["EVAL_FUNCTION_PATH"].ours == "slime.rollout.tcod.generate_rollout"
-    assert by_key["CUSTOM_GENERATE_FUNCTION_PATH"].ours == "slime.rollout.multi_turn.generate"
+    assert by_key["CUSTOM_GENERATE_FUNCTION_PATH"].ours == "examples.multi_turn_tcod.rollout.generate"
     assert by_key["CUSTOM_RM_PATH"].ours == "slime.rollout.on_policy_distillation.reward_func"
     assert by_key["CUSTOM_REWARD_POST_PROCESS_PATH"].ours == "slime.rollout.on_policy_distillation.post_process_rewards"
 

@@ -1,135 +1,256 @@
-#!/usr/bin/env bash
-# TCOD on GPUs: Qwen3-8B student, Qwen3-32B teacher on an SGLang server (--opd-type sglang).
-# Official TCOD settings (arXiv:2604.24005) are the defaults; override with environment variables:
-#   TCOD_MODE=f2b|b2f  TASK_ENV=scienceworld|alfworld|webshop  NUM_GPUS=8  TEACHER_GPUS=2
-#   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  DATA=/path/train.jsonl  SAVE=/path/ckpt
-#   TRAIN_BACKEND=fsdp|megatron  TP=2 (megatron: tensor-parallel size; the trainer's GPUs are rounded down
-#   to a multiple of it and the rest go to the rollout engines)
-# DRY_RUN=1 validates the flags and prints the plan without starting anything (CI runs it that way).
-# GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
-# within them reserves ROLLOUT_GPUS for the SGLang rollout engines and ACTOR_GPUS for the trainer, as
-# disjoint placement groups (slime/ray/engine_placement.py): nothing is pinned by hand inside Ray's set.
-set -euo pipefail
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_DIR="$(cd "${SCRIPT_DIR}/../.." && pwd)"
-PYTHON="${PYTHON:-python3}"
+#!/bin/bash
 
-TCOD_MODE="${TCOD_MODE:-b2f}"
-TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
-TP="${TP:-2}"
-TASK_ENV="${TASK_ENV:-scienceworld}"
-NUM_GPUS="${NUM_GPUS:-8}"
-TEACHER_GPUS="${TEACHER_GPUS:-2}"
-STUDENT="${STUDENT:-/root/models/Qwen3-8B}"
-TEACHER="${TEACHER:-/root/models/Qwen3-32B}"
-TEACHER_PORT="${TEACHER_PORT:-13141}"
-DATA="${DATA:-/root/data/tcod/${TASK_ENV}_train.jsonl}"
-EVAL_DATA="${EVAL_DATA:-/root/data/tcod/${TASK_ENV}_eval.jsonl}"
-SAVE="${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}"
+# TCOD, temporal curriculum on-policy distillation (arXiv:2604.24005), on a multi-turn environment:
+# Qwen3-8B student trained with Megatron, Qwen3-32B teacher on its own SGLang server.
+#
+# usage: TCOD_MODE=f2b TASK_ENV=scienceworld bash examples/multi_turn_tcod/run-qwen3-8B-tcod.sh
+#
+#   TCOD_MODE     f2b (front to back: the student plays the first k turns) or b2f (back to front: the
+#                 expert's actions replay the start, the student plays the last k turns)
+#   TASK_ENV      scienceworld (the paper's setting) or gridnav (built-in puzzle, no extra dependency)
+#   STUDENT, STUDENT_TORCH_DIST, TEACHER, DATA, EVAL_DATA, SAVE: paths (defaults below)
+#   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
+#
+# Data: one jsonl row per task, with its expert actions for b2f, e.g.
+#   python -m examples.multi_turn_tcod.envs.make_data --env gridnav --n 2000 --seed 0 --out train.jsonl
+# STUDENT_TORCH_DIST is the student converted by tools/convert_hf_to_torch_dist.py.
 
-# Per-environment horizon (k_max = max_env_steps), curriculum speed eta and step budget (official).
+set -ex
+
+TCOD_MODE=${TCOD_MODE:-b2f}
+TASK_ENV=${TASK_ENV:-scienceworld}
+STUDENT=${STUDENT:-/root/models/Qwen3-8B}
+STUDENT_TORCH_DIST=${STUDENT_TORCH_DIST:-/root/models/Qwen3-8B_torch_dist}
+TEACHER=${TEACHER:-/root/models/Qwen3-32B}
+DATA=${DATA:-/root/data/tcod/${TASK_ENV}_train.jsonl}
+EVAL_DATA=${EVAL_DATA:-/root/data/tcod/${TASK_ENV}_eval.jsonl}
+SAVE=${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}
+NUM_GPUS=${NUM_GPUS:-8}
+TEACHER_GPUS=${TEACHER_GPUS:-2}
+ACTOR_GPUS=${ACTOR_GPUS:-2}
+
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+SLIME_DIR="$(cd -- "${SCRIPT_DIR}/../.." &>/dev/null && pwd)"
+cd "${SLIME_DIR}"
+
+# Horizon k_max (= max_turns), curriculum speed eta and step budget. ScienceWorld: the paper's values.
 case "${TASK_ENV}" in
-  scienceworld) MAX_TURNS=30; STEPS=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
-  alfworld)     MAX_TURNS=30; STEPS=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
-  webshop)      MAX_TURNS=15; STEPS=150; ETA=4 ;;
-  *) echo "TASK_ENV must be scienceworld, alfworld or webshop (got ${TASK_ENV})" >&2; exit 2 ;;
-esac
-ENV_PATH="examples.multi_turn_tcod.envs.${TASK_ENV}.make_env"
-TRAIN_GPUS=$(( NUM_GPUS - TEACHER_GPUS ))
-ROLLOUT_GPUS=$(( TRAIN_GPUS / 2 ))
-ACTOR_GPUS=$(( TRAIN_GPUS - ROLLOUT_GPUS ))
-case "${TRAIN_BACKEND}" in
-  fsdp) ;;
-  megatron)
-    # Tensor parallelism needs a multiple of TP trainer GPUs (8 GPUs, 2 for the teacher, TP 2: 2 train and
-    # 4 roll out, as in upstream's run-qwen3-8B-opd.sh; TP 4: 4 and 2).
-    ACTOR_GPUS=$(( ACTOR_GPUS / TP * TP ))
-    [ "${ACTOR_GPUS}" -gt 0 ] || ACTOR_GPUS="${TP}"
-    ROLLOUT_GPUS=$(( TRAIN_GPUS - ACTOR_GPUS ))
-    [ "${ROLLOUT_GPUS}" -ge 1 ] || { echo "TP=${TP} leaves no GPU for the rollout engines" >&2; exit 2; } ;;
-  *) echo "TRAIN_BACKEND must be fsdp or megatron (got ${TRAIN_BACKEND})" >&2; exit 2 ;;
+   scienceworld)
+      MAX_TURNS=30
+      NUM_ROLLOUT=250
+      if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi
+      ;;
+   gridnav)
+      MAX_TURNS=12
+      NUM_ROLLOUT=60
+      ETA=3
+      ;;
+   *)
+      echo "TASK_ENV must be scienceworld or gridnav, got ${TASK_ENV}" >&2
+      exit 1
+      ;;
 esac
 
-CKPT_ARGS=(--hf-checkpoint "${STUDENT}" --ref-load "${STUDENT}" --save "${SAVE}" --save-interval 25)
-[ -f "${SAVE}/latest_checkpointed_iteration.txt" ] && CKPT_ARGS+=(--load "${SAVE}")
-
-ROLLOUT_ARGS=(
-  --prompt-data "${DATA}" --input-key input --label-key label --metadata-key metadata
-  --rollout-batch-size 16 --n-samples-per-prompt 1 --num-rollout "${STEPS}"
-  --rollout-temperature 1.0 --rollout-top-p 1.0
-  --rollout-max-response-len 16384 --max-turn-response-len 512
-  --custom-generate-function-path slime.rollout.multi_turn.generate
-)
-MULTI_TURN_ARGS=(--max-turns "${MAX_TURNS}" --rollout-interaction-env-path "${ENV_PATH}")
-EVAL_ARGS=(--eval-prompt-data "${TASK_ENV}" "${EVAL_DATA}" --eval-interval 25 --eval-temperature 0.4)
-OPD_ARGS=(
-  --use-opd --opd-type sglang --opd-kl-coef 1.0
-  --custom-rm-path slime.rollout.on_policy_distillation.reward_func
-  --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
-  --rm-url "http://127.0.0.1:${TEACHER_PORT}/generate"
-)
-TCOD_ARGS=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode "${TCOD_MODE}" --tcod-k-start 1 --tcod-eta "${ETA}" --tcod-k-max "${MAX_TURNS}")
-[ "${TCOD_MODE}" = b2f ] && TCOD_ARGS+=(--tcod-prefix-source expert)
-ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2 --kl-coef 0.0 --entropy-coef 0.0)
-OPTIMIZER_ARGS=(--lr 1e-6 --weight-decay 0.0 --adam-beta1 0.9 --adam-beta2 0.999 --clip-grad 1.0)
-CLUSTER_ARGS=(
-  --train-backend "${TRAIN_BACKEND}" --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
-  --rollout-backend sglang --rollout-num-gpus "${ROLLOUT_GPUS}" --rollout-num-gpus-per-engine 1
-  --global-batch-size 16 --micro-batch-size 1
-)
-# Memory (as upstream's OPD script): recompute every layer in backward, and pack micro-batches by tokens
-# so a 16k-token trajectory and short ones share a budget (see the --dry-run memory plan).
-PERF_ARGS=(--recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384)
-MODEL_ARGS=()
-MISC_ARGS=()
-if [ "${TRAIN_BACKEND}" = megatron ]; then
-  # Qwen3-8B as upstream's scripts/models/qwen3-8B.sh describes it; start-up checks it against
-  # ${STUDENT}/config.json (docs/en/megatron_backend.md).
-  MODEL_ARGS=(
-    --swiglu --num-layers 36 --hidden-size 4096 --ffn-hidden-size 12288
-    --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
-    --use-rotary-position-embeddings --rotary-base 1000000 --disable-bias-linear
-    --normalization RMSNorm --norm-epsilon 1e-6 --qk-layernorm
-    --vocab-size 151936 --untie-embeddings-and-output-weights
-  )
-  PERF_ARGS=(
-    --tensor-model-parallel-size "${TP}" --sequence-parallel --pipeline-model-parallel-size 1
-    --context-parallel-size 1 --expert-model-parallel-size 1 --expert-tensor-parallel-size 1
-    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
-    --use-dynamic-batch-size --max-tokens-per-gpu 16384
-  )
-  MISC_ARGS=(
-    --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
-    --attention-softmax-in-fp32 --attention-backend flash
-  )
-fi
-ALL_ARGS=("${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${MULTI_TURN_ARGS[@]}" "${EVAL_ARGS[@]}" "${OPD_ARGS[@]}"
-          "${TCOD_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${CLUSTER_ARGS[@]}" "${PERF_ARGS[@]}"
-          "${MODEL_ARGS[@]}" "${MISC_ARGS[@]}")
-
-cd "${REPO_DIR}"
-if [ "${DRY_RUN:-0}" = 1 ]; then
-  # Paths need not exist for the plan; only the flag combination is checked.
-  exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}"
+# Multi-turn settings are read from YAML (--custom-config-path); the shipped file is ScienceWorld's.
+CUSTOM_CONFIG=examples/multi_turn_tcod/multi_turn_tcod_config.yaml
+if [ "${MAX_TURNS}" != 30 ]; then
+   mkdir -p "${SAVE}"
+   sed "s/^max_turns: .*/max_turns: ${MAX_TURNS}/" "${CUSTOM_CONFIG}" > "${SAVE}/multi_turn_tcod_config.yaml"
+   CUSTOM_CONFIG="${SAVE}/multi_turn_tcod_config.yaml"
 fi
 
-# 1. The teacher: an SGLang server on the last TEACHER_GPUS devices (outside Ray), scoring only.
-TEACHER_DEVICES=$(seq -s, $(( NUM_GPUS - TEACHER_GPUS )) $(( NUM_GPUS - 1 )))
-CUDA_VISIBLE_DEVICES="${TEACHER_DEVICES}" "${PYTHON}" -m sglang.launch_server --model-path "${TEACHER}" \
-  --host 127.0.0.1 --port "${TEACHER_PORT}" --tp-size "${TEACHER_GPUS}" --mem-fraction-static 0.8 \
-  > "${SAVE%/}.teacher.log" 2>&1 &
+
+# Start the teacher model server on the last TEACHER_GPUS devices; Ray never sees them.
+TEACHER_IP="127.0.0.1"
+TEACHER_PORT=13141
+LOG_FILE="/tmp/sglang_$(head /dev/urandom | tr -dc A-Za-z0-9 | head -c 6).log"
+TRAIN_GPUS=$((NUM_GPUS - TEACHER_GPUS))
+ROLLOUT_GPUS=$((TRAIN_GPUS - ACTOR_GPUS))
+
+CUDA_VISIBLE_DEVICES=$(seq -s, ${TRAIN_GPUS} $((NUM_GPUS - 1))) python3 -m sglang.launch_server \
+    --model-path "${TEACHER}" \
+    --host 0.0.0.0 \
+    --port $TEACHER_PORT \
+    --tp ${TEACHER_GPUS} \
+    --chunked-prefill-size 4096 \
+    --mem-fraction-static 0.7 \
+    > "$LOG_FILE" 2>&1 &
 TEACHER_PID=$!
 trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:${TEACHER_PORT}/health_generate" > /dev/null; do
-  kill -0 "${TEACHER_PID}" || { echo "teacher server died; see ${SAVE%/}.teacher.log" >&2; exit 1; }
-  sleep 5
-done
 
-# 2. Ray with only the remaining devices, then the job: RolloutManager reserves ROLLOUT_GPUS of them for
-#    the engines (one Ray actor per engine, the server inherits its CUDA_VISIBLE_DEVICES), the trainer's
-#    placement group gets the other ACTOR_GPUS.
-export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TRAIN_GPUS - 1 )))
-ray start --head --num-gpus "${TRAIN_GPUS}" --disable-usage-stats
+echo "Starting teacher model server..."
+until curl -sf http://$TEACHER_IP:$TEACHER_PORT/health_generate > /dev/null; do
+    kill -0 ${TEACHER_PID} || { echo "teacher server exited, see $LOG_FILE" >&2; exit 1; }
+    echo "Waiting for the teacher model server to start..."
+    tail -n 10 "$LOG_FILE"
+    sleep 5
+done
+curl http://$TEACHER_IP:$TEACHER_PORT/get_model_info
+echo "Teacher model server is up and running at $TEACHER_IP:$TEACHER_PORT."
+
+
+export PYTHONUNBUFFERED=1
+
+NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l)
+if [ "$NVLINK_COUNT" -gt 0 ]; then
+    HAS_NVLINK=1
+else
+    HAS_NVLINK=0
+fi
+echo "HAS_NVLINK: $HAS_NVLINK (detected $NVLINK_COUNT NVLink references)"
+
+source "${SLIME_DIR}/scripts/models/qwen3-8B.sh"
+
+
+CKPT_ARGS=(
+   --hf-checkpoint "${STUDENT}"
+   --ref-load "${STUDENT_TORCH_DIST}"
+   --load "${SAVE}"
+   --save "${SAVE}"
+   --save-interval 25
+)
+
+ROLLOUT_ARGS=(
+   --prompt-data "${DATA}"
+   --input-key input
+   --label-key label
+   --metadata-key metadata
+   --rollout-shuffle
+   --num-rollout ${NUM_ROLLOUT}
+   # 16 tasks per step, one episode each, one optimizer step per rollout
+   --rollout-batch-size 16
+   --n-samples-per-prompt 1
+   --rollout-max-response-len 16384
+   --rollout-temperature 1.0
+   --rollout-top-p 1.0
+
+   --global-batch-size 16
+   --balance-data
+
+   # the agent loop; max_turns, max_turn_response_len and the env come from the YAML
+   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
+   --custom-config-path "${CUSTOM_CONFIG}"
+   --custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data
+)
+
+RM_ARGS=(
+   --custom-rm-path slime.rollout.on_policy_distillation.reward_func
+   --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
+   --rm-url http://$TEACHER_IP:$TEACHER_PORT/generate
+)
+
+EVAL_ARGS=(
+   --eval-interval 25
+   --eval-prompt-data ${TASK_ENV} "${EVAL_DATA}"
+   --n-samples-per-eval-prompt 1
+   --eval-max-response-len 16384
+   --eval-temperature 0.4
+   --eval-top-p 1.0
+)
+
+PERF_ARGS=(
+   --tensor-model-parallel-size 2
+   --sequence-parallel
+   --pipeline-model-parallel-size 1
+   --context-parallel-size 1
+   --expert-model-parallel-size 1
+   --expert-tensor-parallel-size 1
+
+   --recompute-granularity full
+   --recompute-method uniform
+   --recompute-num-layers 1
+
+   --use-dynamic-batch-size
+   --max-tokens-per-gpu 16384
+)
+
+GRPO_ARGS=(
+   --advantage-estimator grpo
+   --use-opd
+   --opd-type sglang
+   --opd-kl-coef 1.0
+   --use-kl-loss
+   --kl-loss-coef 0.00
+   --kl-loss-type low_var_kl
+   --entropy-coef 0.00
+   --eps-clip 0.2
+)
+
+TCOD_ARGS=(
+   --use-tcod
+   # episodes get their curriculum depth here; evaluation plays full episodes
+   --rollout-function-path slime.rollout.tcod.generate_rollout
+   --tcod-mode ${TCOD_MODE}
+   --tcod-k-start 1
+   --tcod-eta ${ETA}
+   --tcod-k-max ${MAX_TURNS}
+)
+if [ "${TCOD_MODE}" = b2f ]; then
+   TCOD_ARGS+=(--tcod-prefix-source expert)
+fi
+
+OPTIMIZER_ARGS=(
+   --optimizer adam
+   --lr 1e-6
+   --lr-decay-style constant
+   --weight-decay 0.1
+   --adam-beta1 0.9
+   --adam-beta2 0.98
+)
+
+WANDB_ARGS=(
+   # --use-wandb
+   # --wandb-project slime-dev
+   # --wandb-group qwen3-8B-tcod-${TASK_ENV}-${TCOD_MODE}
+   # --wandb-key ${WANDB_KEY}
+)
+
+SGLANG_ARGS=(
+   --rollout-num-gpus-per-engine 1
+   --sglang-mem-fraction-static 0.7
+)
+
+MISC_ARGS=(
+   --attention-dropout 0.0
+   --hidden-dropout 0.0
+   --accumulate-allreduce-grads-in-fp32
+   --attention-softmax-in-fp32
+   --attention-backend flash
+)
+
+
+# launch the master node of ray in container, on the devices the teacher does not use
+export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((TRAIN_GPUS - 1)))
+export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
+ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus ${TRAIN_GPUS} --disable-usage-stats --dashboard-host=0.0.0.0 --dashboard-port=8265
+
+RUNTIME_ENV_JSON="{
+  \"env_vars\": {
+    \"PYTHONPATH\": \"/root/Megatron-LM/:${SLIME_DIR}\",
+    \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\",
+    \"NCCL_NVLS_ENABLE\": \"${HAS_NVLINK}\"
+  }
+}"
+
 ray job submit --address="http://127.0.0.1:8265" \
-  --runtime-env-json="{\"working_dir\": \"${REPO_DIR}\"}" \
-  -- python3 train.py "${ALL_ARGS[@]}"
+   --runtime-env-json="${RUNTIME_ENV_JSON}" \
+   -- python3 train.py \
+   --actor-num-nodes 1 \
+   --actor-num-gpus-per-node ${ACTOR_GPUS} \
+   --rollout-num-gpus ${ROLLOUT_GPUS} \
+   "${MODEL_ARGS[@]}" \
+   "${CKPT_ARGS[@]}" \
+   "${ROLLOUT_ARGS[@]}" \
+   "${OPTIMIZER_ARGS[@]}" \
+   "${GRPO_ARGS[@]}" \
+   "${TCOD_ARGS[@]}" \
+   "${WANDB_ARGS[@]}" \
+   "${PERF_ARGS[@]}" \
+   "${EVAL_ARGS[@]}" \
+   "${SGLANG_ARGS[@]}" \
+   "${MISC_ARGS[@]}" \
+   "${RM_ARGS[@]}"
+
+
+####clear after training
+ray stop --force

@@ -63,7 +63,7 @@ COMMON=(
   --train-backend "${TRAIN_BACKEND}"
   --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
   --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env
-  --custom-generate-function-path slime.rollout.multi_turn.generate
+  --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
   --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
   --eval-prompt-data gridnav "${OUT_DIR}/eval.jsonl" --eval-temperature 1.0
 )

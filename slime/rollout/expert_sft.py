@@ -2,7 +2,7 @@
 
 A tiny teacher is made by SFT (``--loss-type sft_loss``) on these samples: the expert's actions are the
 trainable tokens, observations are masked, and the sequence is byte-for-byte what the agent loop would
-build had the student played the expert's actions (see ``slime.rollout.chat_layout``).
+build had the student played the expert's actions (see ``examples.multi_turn_tcod.chat_layout``).
 
 Command line (one Sample per line, ``Sample.to_dict()``)::
 
@@ -17,16 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from slime.rollout.chat_layout import encode_action, encode_observation, encode_prompt
+from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt
+from examples.multi_turn_tcod.env_adapter import expert_actions_for
 from slime.utils.types import Sample
-
-
-def expert_actions_for(env, sample) -> list[str] | None:
-    """The dataset's expert actions (``metadata["expert_actions"]``) first, else the env's gold path."""
-    actions = (sample.metadata or {}).get("expert_actions")
-    if actions is None and hasattr(env, "expert_actions"):
-        actions = env.expert_actions()
-    return list(actions) if actions is not None else None
 
 
 def build_expert_sample(make_env, args, sample: Sample, tokenizer, system: str | None = None,
@@ -126,7 +119,7 @@ def main(argv=None) -> int:
     parser.add_argument("--allow-failures", action="store_true", help="skip tasks the expert does not solve")
     args = parser.parse_args(argv)
 
-    from slime.rollout.interaction_env import build_interaction_env
+    from examples.multi_turn_tcod.env_adapter import build_interaction_env
 
     env_args = argparse.Namespace(rollout_interaction_env_path=args.env_path)
 

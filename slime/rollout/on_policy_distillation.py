@@ -28,9 +28,11 @@ scale input-token log-probs by it, so the teacher is scored at temperature 1 eit
   too, top-K entries included: a token the teacher rules out completely makes the OPD term and the
   top-K KL infinite (the student never has exactly zero mass there); a server whose top-K holds ``-inf``
   is being asked for more tokens than it gives mass to, so lower ``--opd-teacher-top-k``.
-* ``post_process_rewards`` returns the task reward each sample carried before the teacher ran
-  (``metadata["task_reward"]``, set by the agent loop), else 0.0: with pure OPD they are all zero.
-  The teacher term itself enters the advantages in the trainer (``apply_opd_kl_to_advantages``).
+* ``post_process_rewards`` returns ``(raw_rewards, rewards)`` with the task reward each sample carried
+  (``metadata["task_reward"]``) as the raw reward, for logging, and 0.0 as every reward, as upstream's
+  hook does: the objective is pure OPD, and the teacher term enters the advantages in the trainer
+  (``apply_opd_kl_to_advantages``). Upstream skips its reward normalization when this hook is set, so
+  a non-zero reward here would train an unbaselined REINFORCE term there.
 """
 
 from __future__ import annotations
@@ -185,5 +187,5 @@ def post_process_rewards(args, samples, **kwargs):
         elif s.teacher_log_probs is None or len(s.teacher_log_probs) != s.response_length:
             raise ValueError(f"sample {s.index}: sample.reward holds no teacher reply ({type(reply).__name__}); "
                              "was --custom-rm-path slime.rollout.on_policy_distillation.reward_func run?")
-    rewards = [float((s.metadata or {}).get("task_reward", 0.0) or 0.0) for s in flat]
-    return list(rewards), rewards
+    raw_rewards = [float((s.metadata or {}).get("task_reward", 0.0) or 0.0) for s in flat]
+    return raw_rewards, [0.0] * len(flat)

@@ -6,14 +6,14 @@ path) and returns them as Samples in the agent loop's exact token layout (``expe
 trainable, observations masked. The demo makes its tiny teacher and student this way.
 
 Evaluation (``--eval-prompt-data``) plays full episodes with the student instead: it goes through the
-default rollout with ``--custom-generate-function-path slime.rollout.multi_turn.generate``.
+default rollout with ``--custom-generate-function-path examples.multi_turn_tcod.rollout.generate``.
 """
 
 from __future__ import annotations
 
 from slime.rollout import sglang_rollout
 from slime.rollout.expert_sft import build_expert_sample
-from slime.rollout.multi_turn import get_tokenizer
+from examples.multi_turn_tcod.rollout import get_tokenizer
 from slime.utils.misc import load_function
 
 
@@ -22,7 +22,7 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
         # Expert replays measure nothing about the policy: evaluate by letting it play the episodes.
         if not args.custom_generate_function_path:
             raise ValueError("evaluating an SFT run plays episodes: add --custom-generate-function-path "
-                             "slime.rollout.multi_turn.generate")
+                             "examples.multi_turn_tcod.rollout.generate")
         return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
     if not args.rollout_interaction_env_path:
         raise ValueError("slime.rollout.sft_rollout needs --rollout-interaction-env-path to play expert actions")

@@ -15,7 +15,7 @@ import time
 
 # The tokenizer cache and engine routing live with the agent loop (the slime contribution, which cannot
 # import this runtime module); single-turn generation here shares them.
-from slime.rollout.multi_turn import engine_url, get_tokenizer, output_log_probs, token_room
+from examples.multi_turn_tcod.rollout import engine_url, get_tokenizer, output_log_probs, token_room
 from slime.rollout.rewards import assign_rewards
 from slime.utils.http_utils import post
 from slime.utils.misc import load_function

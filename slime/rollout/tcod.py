@@ -7,19 +7,15 @@ reproduce the official code:
 * F2B plays turns 1..k(n) from reset, ``k(n) = min(k_start + n // eta, k_max)``;
 * B2F replays ``max(0, L_exp - k(n))`` expert turns, then the student plays to the end.
 
-Part of the slime contribution. In upstream slime's flow, ``--rollout-function-path
-slime.rollout.tcod.generate_rollout`` wraps upstream's default ``generate_rollout`` and attaches each
-step's plan to the samples as the data source hands them out; the agent loop
-(``slime.rollout.multi_turn``) reads it. The same function serves this project's runtime.
+``--rollout-function-path slime.rollout.tcod.generate_rollout`` wraps the default ``generate_rollout``
+and attaches each step's plan to the samples as the data source hands them out; the agent loop
+(``examples/multi_turn_tcod/rollout.py``) reads it.
 
 One deliberate difference: the official prefix ``max(0, (L_exp - 1) - n // eta)`` is not capped by
 ``k_max``; ours is, because the depth is. The two agree whenever ``L_exp <= k_max``. For an expert path
 longer than ``k_max`` (= ``--max-turns``) the official schedule eventually starts the student from
 reset with more turns to go than it is allowed to play; ours keeps the last ``k_max`` turns in reach.
 """
-
-from __future__ import annotations
-
 
 def _check(step: int, k_start: int, eta: int, k_max: int) -> None:
     if step < 0:
@@ -66,13 +62,6 @@ def episode_plan(args, rollout_id: int, evaluation: bool = False) -> dict | None
             "prefix_source": args.tcod_prefix_source}
 
 
-def plan_prefix_length(plan: dict, expert_len: int | None) -> int:
-    """B2F turns to replay for a task whose expert path has ``expert_len`` actions (0 otherwise)."""
-    if plan is None or plan.get("mode") != "b2f" or not expert_len:
-        return 0
-    return max(0, int(expert_len) - int(plan["depth"]))
-
-
 def attach_plan(args, rollout_id: int, sample, evaluation: bool = False) -> None:
     plan = episode_plan(args, rollout_id, evaluation)
     if plan is not None:
@@ -109,7 +98,7 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
 
     Evaluation goes to the default rollout untouched: the agent loop plays full episodes there.
     """
-    # Imported here so the schedule above stays importable without slime's rollout stack.
+    # Imported here so that the schedule above imports without the rollout stack (sglang, ray).
     from slime.rollout.sglang_rollout import generate_rollout as default_generate_rollout
 
     if evaluation:

@@ -15,7 +15,8 @@ import warnings
 
 from slime.utils.argument_error import ArgumentError, fail as _fail
 from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
-from slime.utils.tcod_arguments import add_multi_turn_tcod_arguments, validate_multi_turn_tcod_args
+from slime.utils.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args
+from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Positions per LM-head chunk: a few [chunk, vocab] float32 buffers (~0.6 MB per position each at Qwen3's
@@ -238,6 +239,12 @@ def add_logging_arguments(parser):
     return parser
 
 
+def add_tcod_group(parser):
+    # The same function upstream's parser gets from port.py, in a group of its own for --help.
+    add_tcod_arguments(parser.add_argument_group("TCOD temporal curriculum"))
+    return parser
+
+
 GROUPS = (
     add_cluster_arguments,
     add_checkpoint_arguments,
@@ -249,7 +256,8 @@ GROUPS = (
     add_performance_arguments,
     add_megatron_arguments,
     add_on_policy_distillation_arguments,
-    add_multi_turn_tcod_arguments,
+    add_multi_turn_arguments,
+    add_tcod_group,
     add_kl_controller_arguments,
     add_logging_arguments,
 )
@@ -330,9 +338,9 @@ def _validate_opd_loss(args):
 
 
 def _validate_tcod(args):
-    # Shared with upstream slime through the contribution's own module (ported by port.py).
+    validate_multi_turn_args(args)
     try:
-        validate_multi_turn_tcod_args(args)
+        validate_tcod_args(args)  # the same checks upstream runs (port.py splices them into slime_validate_args)
     except ValueError as err:
         _fail(str(err))
 

@@ -18,7 +18,7 @@ whether they honour per-request sampling seeds (this project's runtime; SGLang 0
 
 The limits land on ``args.engine_limits`` as ``{"rollout": {...}, "teacher": {...}}`` with
 ``context_len`` and ``max_prompt_len`` (the longest prompt accepted); the agent loop and the single-turn
-generate function read them with ``getattr`` (``slime.rollout.multi_turn.request_room``).
+generate function read them with ``getattr`` (``examples.multi_turn_tcod.rollout.request_room``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Proof harness for the upstream contribution: port it onto a copy of an upstream slime tree and run
 # upstream's own CPU tests and plugin contracts against it.
 #
-#   examples/multi_turn_tcod/upstream/verify.sh SLIME_DIR
+#   tools/slime_pr/verify.sh SLIME_DIR
 #
 # SLIME_DIR is an upstream THUDM/slime checkout (git repo or plain tree); it is only read. In a temp dir:
 #   1. pristine/ and ported/ copies of SLIME_DIR; port.py applied to ported/, then run again, which must
@@ -13,7 +13,7 @@
 #      ported/ with SLIME_CONTRACT_* pointed at this contribution's hooks, and on pristine/ with upstream's
 #      own counterpart hooks; each test classified PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the
 #      rules);
-#   4. examples/multi_turn_tcod/upstream/smoke.py ported/, if that script exists.
+#   4. tools/slime_pr/smoke.py ported/, if that script exists.
 # Exit status 0 only if every step passed (no FAIL-OURS, no other test failure, smoke ok).
 #
 # Environment:
@@ -27,8 +27,8 @@ set -euo pipefail
 
 VERIFIED_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../../.." && pwd)"
-REL_HERE="examples/multi_turn_tcod/upstream"
+REPO="$(cd "$HERE/../.." && pwd)"
+REL_HERE="tools/slime_pr"
 
 say() { printf '%s\n' "$*"; }
 step() { printf '\n== %s\n' "$*"; }

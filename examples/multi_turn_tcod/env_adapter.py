@@ -1,34 +1,104 @@
-"""The environment behind ``--rollout-interaction-env-path``, in one shape for the agent loop.
+"""The environment behind ``rollout_interaction_env_path``, in one shape for the agent loop.
 
-Two contracts are accepted, so environments written for upstream slime and for this example both work:
+Two contracts are accepted:
 
 * **upstream slime's** (``examples/geo3k_vlm_multi_turn``): the path names a module (or a ``.py``
   file) exposing ``build_env(sample, args)``. Its env has ``reset()``, ``step(response_text) ->
   (observation, done, info)``, ``format_observation(observation) -> message`` and ``close()``. The
   step reward is read from ``info["reward"]`` (else ``info["score"]``, else 0); success from
   ``info["success"]``. When ``reset()`` gives no observation, the task text is ``sample.prompt``.
-* **this example's factory**: the path names a callable ``make_env(args, sample)`` whose env has
+* **a factory**: the path names a callable ``make_env(args, sample)`` whose env has
   ``reset() -> str``, ``step(action) -> (observation, reward, done, info)``, ``close()``.
 
-Either may offer ``expert_actions() -> list[str]`` (used by TCOD's B2F prefix). Whatever the env
-returns is checked here; a malformed return raises :class:`EnvironmentContractError` naming the method
-and what came back (a NaN or infinite reward included), and the agent loop turns it into a failed
-episode instead of a crashed run. The agent loop also bounds every call in time (``--env-step-timeout``).
+Either may offer ``expert_actions() -> list[str]`` (TCOD's B2F prefix). A malformed return raises
+:class:`EnvironmentContractError` naming the method, and every call runs on a daemon thread bounded by
+``env_step_timeout`` seconds: a fault or a hang ends that episode only (:class:`EnvironmentFault`).
 """
 
-from __future__ import annotations
-
+import asyncio
 import importlib
 import importlib.util
+import logging
 import math
 import sys
+import threading
 from pathlib import Path
 
 from slime.utils.misc import load_function
 
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENV_STEP_TIMEOUT = 300.0
+
 
 class EnvironmentContractError(TypeError):
     """An environment returned something its contract does not allow."""
+
+
+class EnvironmentFault(RuntimeError):
+    """The environment raised, hung or broke its contract: the episode fails, the run goes on."""
+
+
+class EnvironmentTimeout(EnvironmentFault):
+    """An environment call did not return within ``env_step_timeout`` seconds."""
+
+
+def env_step_timeout(args) -> float:
+    return float(getattr(args, "env_step_timeout", None) or DEFAULT_ENV_STEP_TIMEOUT)
+
+
+def _in_daemon_thread(fn, args) -> asyncio.Future:
+    """Run ``fn(*args)`` on a daemon thread; the future gets ``(True, result)`` or ``(False, error)``.
+
+    Not ``asyncio.to_thread``: its threads are joined at shutdown, so one call that never returns would
+    keep a stopped run alive. Errors travel as values so that the env's own TimeoutError is not taken
+    for our bound running out.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def deliver(outcome):
+        if not future.done():
+            future.set_result(outcome)
+
+    def run():
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as err:  # noqa: B036 - handed to the awaiting coroutine
+            outcome = (False, err)
+        try:
+            loop.call_soon_threadsafe(deliver, outcome)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for this call any more
+
+    threading.Thread(target=run, name=f"env-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
+async def call_env(seconds: float, what: str, fn, *args):
+    """``fn(*args)`` off the event loop (environments may block: a JVM, a game engine), bounded in time."""
+    try:
+        ok, value = await asyncio.wait_for(_in_daemon_thread(fn, args), seconds)
+    except asyncio.TimeoutError:
+        raise EnvironmentTimeout(f"{what} did not return within {seconds:g} s (env_step_timeout)") from None
+    if ok:
+        return value
+    if isinstance(value, EnvironmentContractError):
+        raise EnvironmentFault(f"{what}: environment contract: {value}") from value
+    if isinstance(value, Exception):
+        raise EnvironmentFault(f"{what}: {type(value).__name__}: {value}") from value
+    raise value  # KeyboardInterrupt / SystemExit raised inside the env stop the run
+
+
+async def close_env(env, seconds: float, sample):
+    """Close ``env``; returns the timeout error if close() hung. A close that raises is only logged."""
+    try:
+        await call_env(seconds, f"{env.label}: close()", env.close)
+    except EnvironmentTimeout as err:
+        return err
+    except EnvironmentFault as err:
+        logger.warning("env.close() raised for sample %s: %s", sample.index, err)
+    return None
 
 
 _BUILDERS: dict[str, object] = {}
@@ -59,22 +129,23 @@ def _resolve(path: str):
     if module is not None:
         build = getattr(module, "build_env", None)
         if not callable(build):
-            raise ValueError(f"--rollout-interaction-env-path {path!r} is a module without a callable "
-                             "build_env(sample, args); name a module that has one, or a factory function "
-                             "make_env(args, sample)")
+            raise ValueError(
+                f"rollout_interaction_env_path {path!r} is a module without a callable build_env(sample, args)"
+            )
         return "build_env", build
     factory = load_function(path)
     if not callable(factory):
-        raise ValueError(f"--rollout-interaction-env-path {path!r} is not callable")
+        raise ValueError(f"rollout_interaction_env_path {path!r} is not callable")
     return "make_env", factory
 
 
-def build_interaction_env(args, sample) -> "InteractionEnv":
+def build_interaction_env(args, sample):
     """Build the environment of ``sample``'s task (blocking: call it off the event loop)."""
     path = getattr(args, "rollout_interaction_env_path", None)
     if not path:
-        raise ValueError("the multi-turn rollout needs --rollout-interaction-env-path (a module exposing "
-                         "build_env(sample, args), or a factory make_env(args, sample))")
+        raise ValueError(
+            "the multi-turn rollout needs rollout_interaction_env_path (a module exposing build_env(sample, args))"
+        )
     if path not in _BUILDERS:
         _BUILDERS[path] = _resolve(path)
     kind, fn = _BUILDERS[path]
@@ -165,6 +236,14 @@ class InteractionEnv:
         fn = getattr(self.env, "close", None)
         if callable(fn):
             fn()
+
+
+def expert_actions_for(env, sample) -> list[str] | None:
+    """The dataset's expert actions (``metadata["expert_actions"]``) first, else the env's gold path."""
+    actions = (sample.metadata or {}).get("expert_actions")
+    if actions is None and callable(getattr(env, "expert_actions", None)):
+        actions = env.expert_actions()
+    return list(actions) if actions is not None else None
 
 
 def _describe(value) -> str:

@@ -19,23 +19,18 @@ vanilla OPD: prefix 0, the student plays the whole episode. Seeding the student 
 would teach it to start from the teacher's mistakes. Such samples are counted in
 ``tcod/prefix_fallback``. The failure is cached too: a frozen teacher would fail again.
 
-Checkpointing: the cache is a JSON-able ``state_dict``. This project's ``save_checkpoint`` writes it
-into every checkpoint and ``--load`` restores it, so a resumed run replays exactly the episodes the
-interrupted one recorded. Upstream slime's checkpoint does not know about it: there the cache lives as
-long as the rollout process (see ``docs/en/advanced/multi-turn-tcod.md``).
-
-Part of the slime contribution: it imports from slime only ``Sample`` and the other contribution files.
+The cache is a JSON-able ``state_dict``: a runtime that checkpoints it resumes exactly; upstream's
+checkpoints do not hold it, so there it lives as long as the rollout process.
 """
-
-from __future__ import annotations
 
 import asyncio
 import copy
 import hashlib
 import json
 
-from slime.rollout.chat_layout import encode_observation, encode_prompt
-from slime.rollout.interaction_env import build_interaction_env
+from examples.multi_turn_tcod.chat_layout import encode_observation, encode_prompt
+from examples.multi_turn_tcod.env_adapter import close_env
+
 from slime.utils.types import Sample
 
 # Metadata fields the rollout and the agent loop write into a sample: not part of the task's identity.
@@ -120,19 +115,19 @@ def _teacher_params(sampling_params: dict, key: str) -> dict:
 async def play_teacher_episode(ep, sample: Sample, sampling_params: dict, key: str) -> dict:
     """The teacher plays ``sample``'s task from reset in an environment of its own; returns the record.
 
-    ``ep`` is the student's ``multi_turn._Episode`` (for its limits, tokenizer and env timeout). An
-    environment fault propagates (the student's episode fails as it would have in its own env, and
-    nothing is cached); engine errors propagate as everywhere in the agent loop.
+    ``ep`` is the student's ``rollout.Episode`` (its limits, tokenizer and env timeout). An environment
+    fault propagates (the student's episode fails, nothing is cached).
     """
-    from slime.rollout.multi_turn import _close, _env_call, _Episode  # the agent loop imports this module
-
-    scratch = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt,
-                     label=sample.label, metadata=copy.deepcopy(sample.metadata))
-    teacher = _Episode(ep.args, scratch, ep.tokenizer, ep.evaluation)
+    scratch = Sample(
+        index=sample.index,
+        group_index=sample.group_index,
+        prompt=sample.prompt,
+        label=sample.label,
+        metadata=copy.deepcopy(sample.metadata),
+    )
+    teacher = ep.spawn(scratch)
     params = _teacher_params(sampling_params, key)
-    path = getattr(ep.args, "rollout_interaction_env_path", None)
-    env = await _env_call(ep.env_timeout, f"environment {path}: build (teacher episode)",
-                          build_interaction_env, ep.args, scratch)
+    env = await teacher.build_env("build (teacher episode)")
     record = {"actions": [], "action_ids": [], "observations": [], "success": False, "end": "max_turns"}
     try:
         observation = await teacher.env_call(env, "reset()", env.reset)
@@ -157,7 +152,7 @@ async def play_teacher_episode(ep, sample: Sample, sampling_params: dict, key: s
             scratch.tokens.extend(ids)
             scratch.tokens.extend(encode_observation(ep.tokenizer, observation))
     finally:
-        hung = await _close(env, ep.env_timeout, scratch)
+        hung = await close_env(env, ep.env_timeout, scratch)
     if hung is not None:  # an env whose close hangs is in an unknown state: do not trust what it recorded
         raise hung
     record["success"] = bool(teacher.success)

@@ -112,7 +112,7 @@ HOOKS = [
     ),
     Hook(
         "CUSTOM_GENERATE_FUNCTION_PATH",
-        "slime.rollout.multi_turn.generate",
+        "examples.multi_turn_tcod.rollout.generate",
         "examples.geo3k_vlm_multi_turn.rollout.generate",
         "examples.geo3k_vlm_multi_turn.rollout.generate",
         f"{GENERATE}::test_custom_generate_function_path_supports_user_override",

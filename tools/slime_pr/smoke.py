@@ -1,6 +1,6 @@
 """CPU smoke run of the ported contribution inside upstream slime's own rollout flow.
 
-    python examples/multi_turn_tcod/upstream/smoke.py PORTED_SLIME_DIR
+    python tools/slime_pr/smoke.py PORTED_SLIME_DIR
 
 PORTED_SLIME_DIR is an upstream THUDM/slime tree after ``port.py``. This process imports slime from
 that tree only (ray, sglang and sglang_router are stubbed, as upstream's CPU tests stub them; nothing
@@ -40,7 +40,7 @@ import types
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 STUBBED_PACKAGES = ("ray", "sglang", "sglang_router")  # GPU / cluster packages, never imported for real
 RESULTS: list[tuple[bool, str]] = []
 
@@ -300,7 +300,7 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
     common = ["--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--prompt-data", str(data),
               "--input-key", "input", "--label-key", "label", "--metadata-key", "metadata",
               "--rollout-max-response-len", "160", "--rollout-temperature", "1.0", "--num-rollout", "4",
-              "--custom-generate-function-path", "slime.rollout.multi_turn.generate",
+              "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
               "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs",
               "--max-turns", "6", "--max-turn-response-len", "6",
               "--use-opd", "--opd-type", "sglang", "--rm-url", f"{teacher_url}/generate",

@@ -1,6 +1,6 @@
 """Port the multi-turn TCOD contribution onto an upstream THUDM/slime tree.
 
-    python examples/multi_turn_tcod/upstream/port.py SLIME_DIR [--dry-run]
+    python tools/slime_pr/port.py SLIME_DIR [--dry-run]
 
 What it does (checked against upstream commit ``VERIFIED_COMMIT``):
 
@@ -27,17 +27,17 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 VERIFIED_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
-MARK = "multi_turn_tcod (examples/multi_turn_tcod/upstream/port.py)"
+MARK = "multi_turn_tcod (tools/slime_pr/port.py)"
 
 # The slime contribution: these files run unchanged in upstream slime and in this project's runtime.
 CONTRIBUTION_FILES = (
     "slime/rollout/tcod.py",
-    "slime/rollout/multi_turn.py",
-    "slime/rollout/teacher_prefix.py",
-    "slime/rollout/interaction_env.py",
-    "slime/rollout/chat_layout.py",
+    "examples/multi_turn_tcod/rollout.py",
+    "examples/multi_turn_tcod/teacher_prefix.py",
+    "examples/multi_turn_tcod/env_adapter.py",
+    "examples/multi_turn_tcod/chat_layout.py",
     "slime/rollout/expert_sft.py",
     "slime/rollout/on_policy_distillation.py",
     "slime/utils/tcod_arguments.py",

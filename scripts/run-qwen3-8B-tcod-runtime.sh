@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# TCOD on GPUs with THIS repository's runtime (its train.py, metrics.jsonl, --dry-run plan): Qwen3-8B
+# student, Qwen3-32B teacher on an SGLang server (--opd-type sglang). The launch script of the slime pull
+# request, for upstream slime's train.py, is examples/multi_turn_tcod/run-qwen3-8B-tcod.sh.
+# Official TCOD settings (arXiv:2604.24005) are the defaults; override with environment variables:
+#   TCOD_MODE=f2b|b2f  TASK_ENV=scienceworld|alfworld|webshop  NUM_GPUS=8  TEACHER_GPUS=2
+#   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  DATA=/path/train.jsonl  SAVE=/path/ckpt
+#   TRAIN_BACKEND=fsdp|megatron  TP=2 (megatron: tensor-parallel size; the trainer's GPUs are rounded down
+#   to a multiple of it and the rest go to the rollout engines)
+# DRY_RUN=1 validates the flags and prints the plan without starting anything (CI runs it that way).
+# GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
+# within them reserves ROLLOUT_GPUS for the SGLang rollout engines and ACTOR_GPUS for the trainer, as
+# disjoint placement groups (slime/ray/engine_placement.py): nothing is pinned by hand inside Ray's set.
+set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "${SCRIPT_DIR}/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+TCOD_MODE="${TCOD_MODE:-b2f}"
+TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
+TP="${TP:-2}"
+TASK_ENV="${TASK_ENV:-scienceworld}"
+NUM_GPUS="${NUM_GPUS:-8}"
+TEACHER_GPUS="${TEACHER_GPUS:-2}"
+STUDENT="${STUDENT:-/root/models/Qwen3-8B}"
+TEACHER="${TEACHER:-/root/models/Qwen3-32B}"
+TEACHER_PORT="${TEACHER_PORT:-13141}"
+DATA="${DATA:-/root/data/tcod/${TASK_ENV}_train.jsonl}"
+EVAL_DATA="${EVAL_DATA:-/root/data/tcod/${TASK_ENV}_eval.jsonl}"
+SAVE="${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}"
+
+# Per-environment horizon (k_max = max_env_steps), curriculum speed eta and step budget (official).
+case "${TASK_ENV}" in
+  scienceworld) MAX_TURNS=30; STEPS=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
+  alfworld)     MAX_TURNS=30; STEPS=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
+  webshop)      MAX_TURNS=15; STEPS=150; ETA=4 ;;
+  *) echo "TASK_ENV must be scienceworld, alfworld or webshop (got ${TASK_ENV})" >&2; exit 2 ;;
+esac
+# The env package dispatches on each row's metadata["env"] (upstream's build_env(sample, args) contract).
+ENV_PATH="examples.multi_turn_tcod.envs"
+TRAIN_GPUS=$(( NUM_GPUS - TEACHER_GPUS ))
+ROLLOUT_GPUS=$(( TRAIN_GPUS / 2 ))
+ACTOR_GPUS=$(( TRAIN_GPUS - ROLLOUT_GPUS ))
+case "${TRAIN_BACKEND}" in
+  fsdp) ;;
+  megatron)
+    # Tensor parallelism needs a multiple of TP trainer GPUs (8 GPUs, 2 for the teacher, TP 2: 2 train and
+    # 4 roll out, as in upstream's run-qwen3-8B-opd.sh; TP 4: 4 and 2).
+    ACTOR_GPUS=$(( ACTOR_GPUS / TP * TP ))
+    [ "${ACTOR_GPUS}" -gt 0 ] || ACTOR_GPUS="${TP}"
+    ROLLOUT_GPUS=$(( TRAIN_GPUS - ACTOR_GPUS ))
+    [ "${ROLLOUT_GPUS}" -ge 1 ] || { echo "TP=${TP} leaves no GPU for the rollout engines" >&2; exit 2; } ;;
+  *) echo "TRAIN_BACKEND must be fsdp or megatron (got ${TRAIN_BACKEND})" >&2; exit 2 ;;
+esac
+
+CKPT_ARGS=(--hf-checkpoint "${STUDENT}" --ref-load "${STUDENT}" --save "${SAVE}" --save-interval 25)
+[ -f "${SAVE}/latest_checkpointed_iteration.txt" ] && CKPT_ARGS+=(--load "${SAVE}")
+
+ROLLOUT_ARGS=(
+  --prompt-data "${DATA}" --input-key input --label-key label --metadata-key metadata
+  --rollout-batch-size 16 --n-samples-per-prompt 1 --num-rollout "${STEPS}"
+  --rollout-temperature 1.0 --rollout-top-p 1.0
+  --rollout-max-response-len 16384 --max-turn-response-len 512
+  --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
+)
+MULTI_TURN_ARGS=(--max-turns "${MAX_TURNS}" --rollout-interaction-env-path "${ENV_PATH}")
+EVAL_ARGS=(--eval-prompt-data "${TASK_ENV}" "${EVAL_DATA}" --eval-interval 25 --eval-temperature 0.4)
+OPD_ARGS=(
+  --use-opd --opd-type sglang --opd-kl-coef 1.0
+  --custom-rm-path slime.rollout.on_policy_distillation.reward_func
+  --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
+  --rm-url "http://127.0.0.1:${TEACHER_PORT}/generate"
+)
+TCOD_ARGS=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode "${TCOD_MODE}" --tcod-k-start 1 --tcod-eta "${ETA}" --tcod-k-max "${MAX_TURNS}")
+[ "${TCOD_MODE}" = b2f ] && TCOD_ARGS+=(--tcod-prefix-source expert)
+ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2 --kl-coef 0.0 --entropy-coef 0.0)
+OPTIMIZER_ARGS=(--lr 1e-6 --weight-decay 0.0 --adam-beta1 0.9 --adam-beta2 0.999 --clip-grad 1.0)
+CLUSTER_ARGS=(
+  --train-backend "${TRAIN_BACKEND}" --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
+  --rollout-backend sglang --rollout-num-gpus "${ROLLOUT_GPUS}" --rollout-num-gpus-per-engine 1
+  --global-batch-size 16 --micro-batch-size 1
+)
+# Memory (as upstream's OPD script): recompute every layer in backward, and pack micro-batches by tokens
+# so a 16k-token trajectory and short ones share a budget (see the --dry-run memory plan).
+PERF_ARGS=(--recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384)
+MODEL_ARGS=()
+MISC_ARGS=()
+if [ "${TRAIN_BACKEND}" = megatron ]; then
+  # Qwen3-8B as upstream's scripts/models/qwen3-8B.sh describes it; start-up checks it against
+  # ${STUDENT}/config.json (docs/en/megatron_backend.md).
+  MODEL_ARGS=(
+    --swiglu --num-layers 36 --hidden-size 4096 --ffn-hidden-size 12288
+    --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
+    --use-rotary-position-embeddings --rotary-base 1000000 --disable-bias-linear
+    --normalization RMSNorm --norm-epsilon 1e-6 --qk-layernorm
+    --vocab-size 151936 --untie-embeddings-and-output-weights
+  )
+  PERF_ARGS=(
+    --tensor-model-parallel-size "${TP}" --sequence-parallel --pipeline-model-parallel-size 1
+    --context-parallel-size 1 --expert-model-parallel-size 1 --expert-tensor-parallel-size 1
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+    --use-dynamic-batch-size --max-tokens-per-gpu 16384
+  )
+  MISC_ARGS=(
+    --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
+    --attention-softmax-in-fp32 --attention-backend flash
+  )
+fi
+ALL_ARGS=("${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${MULTI_TURN_ARGS[@]}" "${EVAL_ARGS[@]}" "${OPD_ARGS[@]}"
+          "${TCOD_ARGS[@]}" "${ALGO_ARGS[@]}" "${OPTIMIZER_ARGS[@]}" "${CLUSTER_ARGS[@]}" "${PERF_ARGS[@]}"
+          "${MODEL_ARGS[@]}" "${MISC_ARGS[@]}")
+
+cd "${REPO_DIR}"
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  # Paths need not exist for the plan; only the flag combination is checked.
+  exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}"
+fi
+
+# 1. The teacher: an SGLang server on the last TEACHER_GPUS devices (outside Ray), scoring only.
+TEACHER_DEVICES=$(seq -s, $(( NUM_GPUS - TEACHER_GPUS )) $(( NUM_GPUS - 1 )))
+CUDA_VISIBLE_DEVICES="${TEACHER_DEVICES}" "${PYTHON}" -m sglang.launch_server --model-path "${TEACHER}" \
+  --host 127.0.0.1 --port "${TEACHER_PORT}" --tp-size "${TEACHER_GPUS}" --mem-fraction-static 0.8 \
+  > "${SAVE%/}.teacher.log" 2>&1 &
+TEACHER_PID=$!
+trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:${TEACHER_PORT}/health_generate" > /dev/null; do
+  kill -0 "${TEACHER_PID}" || { echo "teacher server died; see ${SAVE%/}.teacher.log" >&2; exit 1; }
+  sleep 5
+done
+
+# 2. Ray with only the remaining devices, then the job: RolloutManager reserves ROLLOUT_GPUS of them for
+#    the engines (one Ray actor per engine, the server inherits its CUDA_VISIBLE_DEVICES), the trainer's
+#    placement group gets the other ACTOR_GPUS.
+export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TRAIN_GPUS - 1 )))
+ray start --head --num-gpus "${TRAIN_GPUS}" --disable-usage-stats
+ray job submit --address="http://127.0.0.1:8265" \
+  --runtime-env-json="{\"working_dir\": \"${REPO_DIR}\"}" \
+  -- python3 train.py "${ALL_ARGS[@]}"

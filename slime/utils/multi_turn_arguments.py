@@ -1,0 +1,71 @@
+"""Multi-turn rollout settings and upstream's ``--custom-config-path`` / rollout-log hook (runtime flags).
+
+Upstream slime has no flags for the multi-turn settings: its multi-turn examples read ``max_turns``,
+``rollout_interaction_env_path`` and the like from the YAML given to ``--custom-config-path``, which
+``slime_validate_args`` applies key by key onto ``args``. This runtime accepts both: the flags below, and
+the same YAML with the same semantics (a key in the YAML overrides the flag).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from slime.utils.argument_error import fail as _fail
+
+DEFAULT_ENV_STEP_TIMEOUT = 300.0
+
+
+def add_multi_turn_arguments(parser):
+    g = parser.add_argument_group("multi-turn rollout (upstream: keys of the --custom-config-path YAML)")
+    g.add_argument("--max-turns", type=int, default=None, help="student turns per episode (multi-turn rollout)")
+    g.add_argument("--max-turn-response-len", type=int, default=None,
+                   help="token limit of one student turn (default: --rollout-max-response-len)")
+    g.add_argument("--rollout-interaction-env-path", type=str, default=None,
+                   help="the environment: a module exposing build_env(sample, args) (upstream's contract) "
+                        "or the dotted path of a factory make_env(args, sample)")
+    g.add_argument("--env-step-timeout", type=float, default=DEFAULT_ENV_STEP_TIMEOUT,
+                   help="seconds one environment call (build, reset, step, close) may take; a call that "
+                        "takes longer ends its episode as failed and the run goes on")
+    g.add_argument("--custom-config-path", type=str, default=None,
+                   help="YAML whose keys are set on args before validation, as upstream slime does "
+                        "(e.g. examples/multi_turn_tcod/multi_turn_tcod_config.yaml)")
+    g.add_argument("--custom-rollout-log-function-path", type=str, default=None,
+                   help="upstream's rollout-log hook log_rollout_data(rollout_id, args, samples, "
+                        "rollout_extra_metrics, rollout_time) -> bool; what it adds to rollout_extra_metrics "
+                        "is logged with the step's metrics")
+    return parser
+
+
+def apply_custom_config(args) -> None:
+    """Set every key of the ``--custom-config-path`` YAML on ``args`` (upstream's semantics)."""
+    if not args.custom_config_path:
+        return
+    import yaml
+
+    path = Path(args.custom_config_path)
+    if not path.is_file():
+        _fail(f"--custom-config-path {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        _fail(f"--custom-config-path {path}: not valid YAML ({str(err).splitlines()[0]})")
+    if not isinstance(data, dict):
+        _fail(f"--custom-config-path {path}: the YAML must be a mapping of argument names to values")
+    for key, value in data.items():
+        setattr(args, str(key).replace("-", "_"), value)
+
+
+def validate_multi_turn_args(args) -> None:
+    apply_custom_config(args)
+    for name in ("max_turns", "max_turn_response_len"):
+        value = getattr(args, name, None)
+        if value is not None and not (isinstance(value, int) and value >= 1):
+            _fail(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+    timeout = args.env_step_timeout
+    if not (isinstance(timeout, (int, float)) and timeout > 0 and math.isfinite(timeout)):
+        _fail(f"--env-step-timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if args.max_turn_response_len is None:
+        args.max_turn_response_len = args.rollout_max_response_len
+    if args.max_turns is not None and not args.rollout_interaction_env_path:
+        _fail("--max-turns is set but --rollout-interaction-env-path is not: name the environment")

@@ -1,0 +1,55 @@
+"""Which files of this repository the slime pull request carries, and where they go upstream.
+
+Every path here is relative to this repository's root and lands at the same path in upstream's tree,
+except ``slime/utils/tcod_arguments.py``, whose two functions ``port.py`` splices into upstream's
+``slime/utils/arguments.py``. Everything else in this repository is the standalone runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Upstream commit whose APIs the port was written against.
+VERIFIED_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
+
+# Spliced into upstream's slime/utils/arguments.py, not copied.
+ARGUMENTS_SOURCE = "slime/utils/tcod_arguments.py"
+
+CORE_FILES = ("slime/rollout/tcod.py",)
+
+EXAMPLE_FILES = (
+    "examples/multi_turn_tcod/README.md",
+    "examples/multi_turn_tcod/__init__.py",
+    "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh",
+    "examples/multi_turn_tcod/multi_turn_tcod_config.yaml",
+    "examples/multi_turn_tcod/rollout.py",
+    "examples/multi_turn_tcod/env_adapter.py",
+    "examples/multi_turn_tcod/teacher_prefix.py",
+    "examples/multi_turn_tcod/metrics.py",
+    "examples/multi_turn_tcod/envs/__init__.py",
+    "examples/multi_turn_tcod/envs/common.py",
+    "examples/multi_turn_tcod/envs/gridnav.py",
+    "examples/multi_turn_tcod/envs/hanoi.py",
+    "examples/multi_turn_tcod/envs/scienceworld_env.py",
+    "examples/multi_turn_tcod/envs/make_data.py",
+)
+
+TEST_FILES = (
+    "tests/test_tcod_curriculum.py",
+    "tests/test_tcod_rollout.py",
+    "tests/test_qwen3_0.6B_tcod.py",
+)
+
+DOC_FILES = (
+    "docs/en/advanced/multi-turn-tcod.md",
+    "docs/zh/advanced/multi-turn-tcod.md",
+)
+
+COPIED_FILES = CORE_FILES + EXAMPLE_FILES + TEST_FILES + DOC_FILES
+
+
+def python_files() -> list[str]:
+    """The PR's Python files as they exist in this repository (the linters' input)."""
+    return [p for p in (ARGUMENTS_SOURCE, *COPIED_FILES) if p.endswith(".py")]
