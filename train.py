@@ -91,6 +91,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def custom_rollout_log(args, rollout_id: int, groups, rollout_time: float) -> dict:
+    """Upstream's ``--custom-rollout-log-function-path`` hook on the step's samples; returns what it added."""
+    if not args.custom_rollout_log_function_path:
+        return {}
+    from slime.utils.misc import load_function
+
+    extra: dict = {}
+    flat = [s for group in groups for s in (group if isinstance(group, list) else [group])]
+    load_function(args.custom_rollout_log_function_path)(rollout_id, args, flat, extra, rollout_time)
+    return extra
+
+
 def _run(args, inputs, sync_dir: Path) -> None:
     from tqdm import tqdm
 
@@ -148,6 +160,7 @@ def _run(args, inputs, sync_dir: Path) -> None:
             metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
                        **{k: v for k, v in train_stats.items() if not k.startswith("per_sample_")}, **kl_stats,
                        "kl_ctrl/coef_used": coef_used}
+            metrics.update(custom_rollout_log(args, rollout_id, groups, t_rollout))
             if eval_due:
                 metrics.update(rollout_manager.evaluate(rollout_id))
             timings = {"time/rollout": t_rollout, "time/train": t_train, "time/save": t_save,

@@ -124,7 +124,7 @@ declare -A RUN_ARGS=(
   [f2b]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta ${ETA}"
   [b2f]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
   # B2F whose prefix is the teacher's own episode: expert paths hidden from data and environment.
-  [b2ft]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source teacher --prompt-data ${OUT_DIR}/train_noexpert.jsonl --rollout-interaction-env-path examples.multi_turn_tcod.envs.no_expert.make_env"
+  [b2ft]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source teacher --prompt-data ${OUT_DIR}/train_noexpert.jsonl --rollout-interaction-env-path examples.agent_envs.no_expert.make_env"
 )
 for seed in ${SEEDS}; do
   for run in ${METHODS:-opd f2b b2f}; do

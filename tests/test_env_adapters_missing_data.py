@@ -2,7 +2,7 @@
 
 import pytest
 
-from examples.multi_turn_tcod.envs import make_env
+from examples.agent_envs import make_env
 from slime.utils.types import Sample
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from examples.multi_turn_tcod.envs import make_env
-from examples.multi_turn_tcod.envs.textworld_env import clean_feedback, game_file
+from examples.agent_envs import make_env
+from examples.agent_envs.textworld_env import clean_feedback, game_file
 from slime.utils.types import Sample
 
 

@@ -1,206 +1,249 @@
-"""Port the multi-turn TCOD contribution onto an upstream THUDM/slime tree.
+"""Apply the multi-turn TCOD pull request to an upstream THUDM/slime checkout.
 
-    python tools/slime_pr/port.py SLIME_DIR [--dry-run]
+    python tools/slime_pr/port.py SLIME_DIR [--dry-run] [--no-commit]
 
-What it does (checked against upstream commit ``VERIFIED_COMMIT``):
+* copies the PR's files (``manifest.COPIED_FILES``) to the same paths in SLIME_DIR;
+* splices ``add_tcod_arguments`` and ``validate_tcod_args`` (from this repository's
+  ``slime/utils/tcod_arguments.py``) into upstream's ``slime/utils/arguments.py``: registered right after
+  the on-policy-distillation group, validated in ``slime_validate_args`` right after the
+  ``--custom-config-path`` YAML is applied;
+* adds the docs page to both ``index.rst`` toctrees, the example to ``examples/README.md`` and the GPU
+  test to ``.github/workflows/pr-test.yml.j2`` (``pr-test.yml`` re-rendered by upstream's generator).
 
-* copies the contribution's files (``CONTRIBUTION_FILES`` and the ``examples/multi_turn_tcod`` folder)
-  into SLIME_DIR. ``slime/rollout/on_policy_distillation.py`` replaces upstream's file of that name:
-  same payload and post-processing contract, plus ``list[Sample]``, bounded retries and task rewards;
-* edits upstream's ``slime/utils/arguments.py`` in three marked places: one import, the
-  ``--max-turns`` / ``--max-turn-response-len`` / ``--rollout-interaction-env-path`` / ``--tcod-*``
-  groups registered right after the on-policy-distillation group, and
-  ``validate_multi_turn_tcod_args(args)`` at the end of ``slime_validate_args`` (after the
-  ``--custom-config-path`` YAML is applied, so values set there are validated too).
-
-It refuses, and changes nothing, when SLIME_DIR does not look like the expected upstream tree. Running
-it again changes nothing: files are written only when their bytes differ, and each edit is skipped
-when its marker is already there. Nothing of upstream is copied into this project; this script only
-edits the checkout it is pointed at.
+Everything is computed before anything is written: a tree that is not upstream slime, or lacks an API
+the PR relies on, is refused with one line naming what is missing, and nothing is changed. When
+SLIME_DIR is a git work tree the change is committed as a short series (one commit per part); a second
+run finds nothing to change and commits nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-VERIFIED_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
-MARK = "multi_turn_tcod (tools/slime_pr/port.py)"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# The slime contribution: these files run unchanged in upstream slime and in this project's runtime.
-CONTRIBUTION_FILES = (
-    "slime/rollout/tcod.py",
-    "examples/multi_turn_tcod/rollout.py",
-    "examples/multi_turn_tcod/teacher_prefix.py",
-    "examples/multi_turn_tcod/env_adapter.py",
-    "examples/multi_turn_tcod/chat_layout.py",
-    "slime/rollout/expert_sft.py",
-    "slime/rollout/on_policy_distillation.py",
-    "slime/utils/tcod_arguments.py",
-)
-CONTRIBUTION_DIRS = ("examples/multi_turn_tcod",)
-# Files of the example folder that drive this project's runtime (train.py, metrics.jsonl) and would
-# not run on upstream's trainer; they are left out of the port.
-RUNTIME_ONLY = (
-    "examples/multi_turn_tcod/run-tiny-tcod.sh",
-    "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh",
-    "examples/multi_turn_tcod/report.py",
-)
-SKIP_NAMES = {"__pycache__", ".pytest_cache"}
+from tools.slime_pr import manifest  # noqa: E402
+from tools.slime_pr import pr_test_entry  # noqa: E402
 
-# What the port relies on in upstream's tree: (file, text that must be there, why).
+ARGS = "slime/utils/arguments.py"
+REGISTER_ANCHOR = "        parser = add_on_policy_distillation_arguments(parser)\n"
+REGISTER_LINE = "        parser = add_tcod_arguments(parser)\n"
+VALIDATE_LINE = "    validate_tcod_args(args)\n"
+SPLICED = ("add_tcod_arguments", "TCOD_ROLLOUT_FUNCTION_PATH", "validate_tcod_args")
+DOC_ANCHOR = "   advanced/on-policy-distillation.md\n"
+DOC_LINE = "   advanced/multi-turn-tcod.md\n"
+EXAMPLES_README = "examples/README.md"
+EXAMPLES_ANCHOR = "- **[on_policy_distillation](./on_policy_distillation)**"
+EXAMPLES_LINE = (
+    "- **[multi_turn_tcod](./multi_turn_tcod)**: Multi-turn on-policy distillation of text agents with TCOD's "
+    "temporal curriculum (front-to-back or back-to-front trajectory depth).\n"
+)
+
+# What the PR relies on in upstream's tree: (file, text that must be there, why).
 EXPECTED = (
-    ("slime/utils/arguments.py", "def get_slime_extra_args_provider(", "the argument groups"),
-    ("slime/utils/arguments.py", "        parser = add_on_policy_distillation_arguments(parser)\n",
-     "where the TCOD groups are registered"),
-    ("slime/utils/arguments.py", "def slime_validate_args(args):", "where the TCOD flags are validated"),
+    (ARGS, "def get_slime_extra_args_provider(", "the argument groups"),
+    (ARGS, REGISTER_ANCHOR.strip(), "where the --tcod-* group is registered"),
+    (ARGS, "def slime_validate_args(args):", "where the --tcod-* flags are validated"),
+    (ARGS, "if args.custom_config_path:", "the YAML that sets max_turns before validation"),
     ("slime/rollout/sglang_rollout.py", "def generate_rollout(", "the rollout function TCOD wraps"),
     ("slime/rollout/sglang_rollout.py", "if sample.reward is None:", "the reward model runs only for reward None"),
+    ("slime/rollout/on_policy_distillation.py", "def post_process_rewards(", "upstream's OPD hooks"),
+    ("slime/observability/rollout_metrics.py", "custom_rollout_log_function_path", "the rollout-log hook"),
     ("slime/utils/types.py", "class Status(Enum):", "Sample.Status"),
     ("slime/utils/types.py", "remove_sample: bool = False", "upstream's way to drop samples"),
     ("slime/utils/http_utils.py", "async def post(url, payload, max_retries=60, headers=None):", "http_utils.post"),
     ("slime/utils/misc.py", "def load_function(", "plugin loading"),
+    ("docs/en/index.rst", DOC_ANCHOR.strip(), "the docs toctree"),
+    ("docs/zh/index.rst", DOC_ANCHOR.strip(), "the docs toctree"),
+    (EXAMPLES_README, EXAMPLES_ANCHOR, "the examples list"),
+    (pr_test_entry.TEMPLATE, pr_test_entry.ANCHOR, "where the GPU test is registered"),
 )
-# Flags the port adds; upstream must not define them already.
-ADDED_FLAGS = ("--max-turns", "--max-turn-response-len", "--rollout-interaction-env-path", "--use-tcod",
-               "--tcod-mode", "--tcod-eta", "--tcod-k-start", "--tcod-k-max", "--tcod-prefix-source")
 
-IMPORT_LINE = "from slime.utils.tcod_arguments import add_multi_turn_tcod_arguments, validate_multi_turn_tcod_args"
-REGISTER_LINE = f"        parser = add_multi_turn_tcod_arguments(parser)  # {MARK}\n"
-VALIDATE_LINE = f"    validate_multi_turn_tcod_args(args)  # {MARK}\n"
+# The commit series: (message, paths). Paths not listed under an earlier commit go to the first that
+# names their top folder.
+COMMITS = (
+    (
+        "[TCOD] Add --tcod-* arguments and the temporal-curriculum rollout function",
+        [ARGS, *manifest.CORE_FILES],
+    ),
+    (
+        "[TCOD] Add examples/multi_turn_tcod: multi-turn agent rollout with TCOD's curriculum",
+        [*manifest.EXAMPLE_FILES, EXAMPLES_README],
+    ),
+    (
+        "[TCOD] Add CPU tests and a GPU e2e test for multi-turn TCOD",
+        [*manifest.TEST_FILES, pr_test_entry.TEMPLATE, pr_test_entry.RENDERED],
+    ),
+    ("[TCOD] Add the multi-turn TCOD docs page", [*manifest.DOC_FILES, "docs/en/index.rst", "docs/zh/index.rst"]),
+)
 
 
 class PortError(RuntimeError):
-    """SLIME_DIR is not the upstream tree this port was written for."""
+    """SLIME_DIR is not the upstream tree this PR was written for."""
 
 
-# ---------------------------------------------------------------------------- checks
 def check_tree(slime_dir: Path) -> None:
     if not slime_dir.is_dir():
         raise PortError(f"{slime_dir} is not a directory")
-    problems = []
+    if slime_dir.resolve() == manifest.REPO:
+        raise PortError("SLIME_DIR is this repository itself; point it at an upstream THUDM/slime checkout")
     for rel, needle, why in EXPECTED:
         path = slime_dir / rel
         if not path.is_file():
-            missing = f"{rel} is missing"
-            if not any(p.startswith(missing) for p in problems):
-                problems.append(f"{missing} ({why})")
-        elif needle not in path.read_text():
-            problems.append(f"{rel} lacks {needle.strip()!r} ({why})")
-    if not problems:
-        arguments = (slime_dir / "slime/utils/arguments.py").read_text()
-        for flag in ADDED_FLAGS:
-            if f'"{flag}"' in arguments and MARK not in arguments:
-                problems.append(f"upstream already defines {flag}; this port would register it twice")
-    if problems:
-        raise PortError(f"{slime_dir} does not look like upstream THUDM/slime as of {VERIFIED_COMMIT[:7]}:\n  - "
-                        + "\n  - ".join(problems))
-
-
-# ---------------------------------------------------------------------------- file copies
-def contribution_files() -> list[str]:
-    files = list(CONTRIBUTION_FILES)
-    for folder in CONTRIBUTION_DIRS:
-        for path in sorted((REPO / folder).rglob("*")):
-            rel = path.relative_to(REPO).as_posix()
-            if path.is_file() and rel not in RUNTIME_ONLY and not SKIP_NAMES & set(path.parts):
-                files.append(rel)
-    return files
-
-
-def copy_file(rel: str, slime_dir: Path, dry_run: bool) -> str | None:
-    source, target = REPO / rel, slime_dir / rel
-    data = source.read_bytes()
-    if target.is_file() and target.read_bytes() == data:
-        return None
-    action = "replace" if target.exists() else "add"
-    if not dry_run:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    return f"{action:8s}{rel}"
+            raise PortError(f"{slime_dir} is not upstream slime as of {manifest.VERIFIED_COMMIT[:7]}: no {rel} ({why})")
+        if needle not in path.read_text():
+            raise PortError(f"{slime_dir}/{rel} lacks {needle!r} ({why}); this PR was written for {manifest.VERIFIED_COMMIT[:7]}")
 
 
 # ---------------------------------------------------------------------------- arguments.py
-def _end_of_function(source: str, name: str) -> int:
-    """Index (in ``source``) just after the last line of top-level function ``name``."""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            if any(isinstance(n, ast.Return) for n in ast.walk(node)):
-                raise PortError(f"{name} has a return statement: a call appended at its end might not run")
-            lines = source.splitlines(keepends=True)
-            return sum(len(line) for line in lines[: node.end_lineno])
-    raise PortError(f"slime/utils/arguments.py has no top-level {name}()")
-
-
-def _end_of_imports(source: str) -> int:
-    """Index just after the last top-level import that precedes the first definition."""
-    last = None
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            last = node
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            break
-    if last is None:
-        raise PortError("slime/utils/arguments.py has no imports to add ours after")
+def _spliced_source() -> str:
+    """The two functions (and their constant) from this repository's tcod_arguments.py, as text."""
+    source = (manifest.REPO / manifest.ARGUMENTS_SOURCE).read_text()
     lines = source.splitlines(keepends=True)
-    return sum(len(line) for line in lines[: last.end_lineno])
+    parts = []
+    for node in ast.parse(source).body:
+        name = getattr(node, "name", None) or (isinstance(node, ast.Assign) and node.targets[0].id)
+        if name in SPLICED:
+            parts.append("".join(lines[node.lineno - 1 : node.end_lineno]))
+    if len(parts) != len(SPLICED):
+        raise PortError(f"{manifest.ARGUMENTS_SOURCE} must define {', '.join(SPLICED)}")
+    return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
-def edit_arguments(source: str) -> tuple[str, list[str]]:
-    """The edited arguments.py and a line per edit made (none when already ported)."""
-    done = []
-    if IMPORT_LINE not in source:
-        anchor = _end_of_imports(source)
-        source = source[:anchor] + f"{IMPORT_LINE}  # {MARK}\n" + source[anchor:]
-        done.append("import the multi-turn TCOD argument module")
+def _top_level(source: str, name: str):
+    for node in ast.parse(source).body:
+        if getattr(node, "name", None) == name:
+            return node
+    return None
+
+
+def _offset(source: str, line: int) -> int:
+    """Index in ``source`` of the start of 1-based line ``line``."""
+    return sum(len(x) for x in source.splitlines(keepends=True)[: line - 1])
+
+
+def _remove_spliced(source: str) -> str:
+    """Upstream's arguments.py without a previous splice (so a newer one replaces it)."""
+    tree = ast.parse(source)
+    nodes = [
+        n
+        for n in tree.body
+        if getattr(n, "name", None) in SPLICED
+        or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) in SPLICED)
+    ]
+    if not nodes:
+        return source
+    start, end = _offset(source, nodes[0].lineno), _offset(source, nodes[-1].end_lineno + 1)
+    return source[:start] + source[end:].lstrip("\n")
+
+
+def edit_arguments(source: str) -> str:
+    source = _remove_spliced(source)
+    provider = _top_level(source, "get_slime_extra_args_provider")
+    if provider is None:
+        raise PortError(f"{ARGS} has no top-level get_slime_extra_args_provider()")
+    at = _offset(source, provider.lineno)
+    source = source[:at] + _spliced_source() + "\n\n" + source[at:]
     if REGISTER_LINE not in source:
-        anchor = "        parser = add_on_policy_distillation_arguments(parser)\n"
-        source = source.replace(anchor, anchor + REGISTER_LINE, 1)
-        done.append("register --max-turns, --max-turn-response-len, --rollout-interaction-env-path, --tcod-*")
+        source = source.replace(REGISTER_ANCHOR, REGISTER_ANCHOR + REGISTER_LINE, 1)
     if VALIDATE_LINE not in source:
-        end = _end_of_function(source, "slime_validate_args")
-        source = source[:end] + VALIDATE_LINE + source[end:]
-        done.append("validate them at the end of slime_validate_args")
-    ast.parse(source)  # never leave a file behind that does not parse
-    return source, done
+        validate = _top_level(source, "slime_validate_args")
+        block = next(
+            (n for n in validate.body if isinstance(n, ast.If) and "custom_config_path" in ast.unparse(n.test)),
+            None,
+        )
+        if block is None:
+            raise PortError(f"{ARGS}: slime_validate_args has no top-level `if args.custom_config_path:` block")
+        at = _offset(source, block.end_lineno + 1)
+        source = source[:at] + "\n" + VALIDATE_LINE + source[at:]
+    ast.parse(source)  # never write a file that does not parse
+    return source
 
 
-# ---------------------------------------------------------------------------- main
-def port(slime_dir: Path, dry_run: bool = False) -> list[str]:
+def _insert_after(source: str, anchor: str, line: str) -> str:
+    if line in source:
+        return source
+    at = source.index(anchor)
+    end = source.index("\n", at) + 1
+    return source[:end] + line + source[end:]
+
+
+# ---------------------------------------------------------------------------- the whole change
+def planned_files(slime_dir: Path) -> dict[str, bytes]:
+    """Every file the PR adds or edits, with its new content (only those that differ)."""
+    new: dict[str, bytes] = {}
+    for rel in manifest.COPIED_FILES:
+        new[rel] = (manifest.REPO / rel).read_bytes()
+    new[ARGS] = edit_arguments((slime_dir / ARGS).read_text()).encode()
+    for index in ("docs/en/index.rst", "docs/zh/index.rst"):
+        new[index] = _insert_after((slime_dir / index).read_text(), DOC_ANCHOR, DOC_LINE).encode()
+    examples = (slime_dir / EXAMPLES_README).read_text()
+    new[EXAMPLES_README] = _insert_after(examples, EXAMPLES_ANCHOR, EXAMPLES_LINE).encode()
+    new[pr_test_entry.TEMPLATE] = pr_test_entry.edit_template((slime_dir / pr_test_entry.TEMPLATE).read_text()).encode()
+    return {rel: data for rel, data in new.items() if not (slime_dir / rel).is_file() or (slime_dir / rel).read_bytes() != data}
+
+
+def _git_work_tree(slime_dir: Path) -> bool:
+    out = subprocess.run(["git", "-C", str(slime_dir), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    return out.returncode == 0 and Path(out.stdout.strip()).resolve() == slime_dir.resolve()
+
+
+def _commit(slime_dir: Path, changed: list[str]) -> list[str]:
+    made, left = [], set(changed)
+    for message, paths in COMMITS:
+        part = [p for p in paths if p in left]
+        if not part:
+            continue
+        left -= set(part)
+        subprocess.run(["git", "-C", str(slime_dir), "add", "--", *part], check=True)
+        subprocess.run(
+            ["git", "-C", str(slime_dir), "-c", "user.name=slime-tcod", "-c", "user.email=slime-tcod@localhost",
+             "commit", "-q", "-m", message, "--", *part],
+            check=True,
+        )
+        made.append(message)
+    if left:
+        raise PortError(f"files outside the commit series: {sorted(left)}")
+    return made
+
+
+def port(slime_dir: Path, dry_run: bool = False, commit: bool = True) -> list[str]:
     slime_dir = slime_dir.resolve()
-    if slime_dir == REPO:
-        raise PortError("SLIME_DIR is this project itself; point it at an upstream THUDM/slime checkout")
     check_tree(slime_dir)
-    changes = [line for rel in contribution_files() if (line := copy_file(rel, slime_dir, dry_run))]
-    arguments = slime_dir / "slime/utils/arguments.py"
-    edited, edits = edit_arguments(arguments.read_text())
-    if edits and not dry_run:
-        arguments.write_text(edited)
-    changes += [f"edit    slime/utils/arguments.py: {what}" for what in edits]
-    return changes
+    changes = planned_files(slime_dir)
+    lines = [f"{'edit' if (slime_dir / rel).exists() else 'add':5s}{rel}" for rel in sorted(changes)]
+    if dry_run or not changes:
+        return lines
+    for rel, data in changes.items():
+        (slime_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (slime_dir / rel).write_bytes(data)
+    if pr_test_entry.TEMPLATE in changes:
+        pr_test_entry.render(slime_dir)
+        changes[pr_test_entry.RENDERED] = b""
+    if commit and _git_work_tree(slime_dir):
+        lines += [f"commit {m}" for m in _commit(slime_dir, list(changes))]
+    return lines
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("slime_dir", type=Path, help="an upstream THUDM/slime checkout (it is modified in place)")
+    parser.add_argument("slime_dir", type=Path, help="an upstream THUDM/slime checkout (changed in place)")
     parser.add_argument("--dry-run", action="store_true", help="list the changes without making them")
+    parser.add_argument("--no-commit", action="store_true", help="write the files but do not commit them")
     args = parser.parse_args(argv)
     try:
-        changes = port(args.slime_dir, dry_run=args.dry_run)
+        lines = port(args.slime_dir, dry_run=args.dry_run, commit=not args.no_commit)
     except PortError as err:
         print(f"port.py: refusing: {err}", file=sys.stderr)
         return 2
-    verb = "would change" if args.dry_run else "changed"
-    if not changes:
-        print(f"port.py: {args.slime_dir} already holds this contribution; nothing to do")
-    else:
-        print(f"port.py: {verb} {len(changes)} file(s) in {args.slime_dir}:")
-        for line in changes:
-            print(f"  {line}")
+    if not lines:
+        print(f"port.py: {args.slime_dir} already holds this PR; nothing to do")
+    for line in lines:
+        print(f"  {line}")
     return 0
 
 

@@ -1,55 +1,41 @@
-"""Environments for multi-turn rollouts, chosen per sample by ``sample.metadata["env"]``.
+"""Text environments for the multi-turn TCOD example, chosen per sample by ``sample.metadata["env"]``.
 
-Two ways to name them with ``--rollout-interaction-env-path``:
-
-* ``examples.multi_turn_tcod.envs`` -- this module, through upstream slime's contract: it exposes
-  ``build_env(sample, args)`` and the env it returns has ``reset()``, ``step(text) -> (observation,
-  done, info)`` (the step reward in ``info["reward"]``), ``format_observation`` and ``close()``, like
-  upstream's ``examples/geo3k_vlm_multi_turn`` environments;
-* ``examples.multi_turn_tcod.envs.make_env`` -- the factory ``make_env(args, sample)`` whose env returns
-  ``(observation, reward, done, info)``; each environment's own factory (e.g.
-  ``examples.multi_turn_tcod.envs.gridnav.make_env``) works too.
-
-Both dispatch on the sample's task.
-Modules are imported only when a sample asks for them, so the built-in puzzles need neither Java nor
-TextWorld installed.
+``rollout_interaction_env_path: examples.multi_turn_tcod.envs`` names this module: it exposes
+upstream's ``build_env(sample, args)``, and the env it returns has ``reset()``, ``step(text) ->
+(observation, done, info)`` (the step reward in ``info["reward"]``, ``info["success"]``),
+``format_observation``, ``close()`` and ``expert_actions()`` (the gold path, for B2F). Each environment
+module holds ``make_env(args, sample)`` (``step`` returns ``(observation, reward, done, info)``) and
+``task_metadata(seed, params)``; modules are imported only when a sample asks for them.
 """
-
-from __future__ import annotations
 
 import importlib
 
 from .common import sample_metadata
 
-# env name -> module (relative to this package) holding make_env(args, sample) and task_metadata(...)
+# env name -> module holding make_env(args, sample) and task_metadata(seed, params)
 ENV_MODULES = {
-    "gridnav": "gridnav",
-    "hanoi": "hanoi",
-    "scienceworld": "scienceworld_env",
-    "textworld": "textworld_env",
-    "alfworld": "alfworld_env",
-    "webshop": "webshop_env",
+    "gridnav": "examples.multi_turn_tcod.envs.gridnav",
+    "hanoi": "examples.multi_turn_tcod.envs.hanoi",
+    "scienceworld": "examples.multi_turn_tcod.envs.scienceworld_env",
 }
-BUILTIN_ENVS = ("gridnav", "hanoi")
 
 
-def env_module(name: str):
-    if name not in ENV_MODULES:
-        raise ValueError(f"unknown environment {name!r} in sample metadata 'env'; known: {sorted(ENV_MODULES)}")
-    return importlib.import_module(f"{__name__}.{ENV_MODULES[name]}")
+def env_module(name: str, modules: dict = ENV_MODULES):
+    if name not in modules:
+        raise ValueError(f"unknown environment {name!r} in sample metadata 'env'; known: {sorted(modules)}")
+    return importlib.import_module(modules[name])
 
 
-def make_env(args, sample):
+def make_env(args, sample, modules: dict = ENV_MODULES):
     """Build the environment named by ``sample.metadata["env"]`` for this sample's task."""
     metadata = sample_metadata(sample)
     if "env" not in metadata:
-        raise ValueError(f"sample metadata has no 'env' field naming the environment (got {metadata}); "
-                         f"known: {sorted(ENV_MODULES)}")
-    return env_module(metadata["env"]).make_env(args, sample)
+        raise ValueError(f"sample metadata has no 'env' field naming the environment; known: {sorted(modules)}")
+    return env_module(metadata["env"], modules).make_env(args, sample)
 
 
 class SlimeInteractionEnv:
-    """One of these environments behind upstream slime's ``BaseInteractionEnv`` methods."""
+    """One of these environments behind upstream's ``BaseInteractionEnv`` methods."""
 
     def __init__(self, env):
         self.env = env
@@ -59,9 +45,7 @@ class SlimeInteractionEnv:
 
     def step(self, response_text: str):
         observation, reward, done, info = self.env.step(response_text)
-        info = dict(info or {})
-        info["reward"] = reward
-        return observation, done, info
+        return observation, done, {**(info or {}), "reward": reward}
 
     def format_observation(self, observation) -> dict:
         return {"role": "user", "content": observation}

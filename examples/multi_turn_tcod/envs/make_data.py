@@ -31,10 +31,10 @@ PARAM_OPTIONS = {
 }
 
 
-def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_len: int | None = None,
-              max_tries: int | None = None):
+def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_len=None, max_tries=None,
+              modules: dict = ENV_MODULES):
     """Yield ``n`` data rows of ``env`` tasks whose expert length lies in ``[min_len, max_len]``."""
-    module = env_module(env)
+    module = env_module(env, modules)
     max_tries = max_tries or 50 * n + 100
     made, tried = 0, 0
     while made < n:
@@ -58,9 +58,9 @@ def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_l
         made += 1
 
 
-def main(argv=None) -> int:
+def main(argv=None, modules: dict = ENV_MODULES) -> int:
     parser = argparse.ArgumentParser(description="Write environment tasks with expert actions as jsonl.")
-    parser.add_argument("--env", required=True, choices=sorted(ENV_MODULES))
+    parser.add_argument("--env", required=True, choices=sorted(modules))
     parser.add_argument("--n", type=int, required=True, help="number of tasks to write")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first task")
     parser.add_argument("--out", required=True)
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     tmp = out.with_name(out.name + ".tmp")
     lengths = []
     with open(tmp, "w") as handle:
-        for row in task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len):
+        for row in task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, modules=modules):
             handle.write(json.dumps(row) + "\n")
             lengths.append(len(row["expert_actions"]))
     tmp.replace(out)  # write then rename: an interrupted run leaves no half file

@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from .common import ResourcePool, int_param, require_data_dir, sample_metadata
+from examples.multi_turn_tcod.envs.common import ResourcePool, int_param, require_data_dir, sample_metadata
 
 HOW_TO_GET = ("Set up WebShop locally: `git clone https://github.com/princeton-nlp/WebShop`, then run its "
               "`./setup.sh -d small` (or `-d all`), which downloads the product data and builds the search "
@@ -115,7 +115,7 @@ class WebShopTextEnv:
 
 
 def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.webshop_env.make_env``."""
+    """Factory for ``--rollout-interaction-env-path examples.agent_envs.webshop_env.make_env``."""
     del args
     metadata = sample_metadata(sample)
     data_dir = require_data_dir("WebShop", metadata, "WEBSHOP_DATA", HOW_TO_GET)

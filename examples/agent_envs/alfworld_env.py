@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import require_data_dir, sample_metadata
-from .textworld_env import TextWorldTextEnv
+from examples.multi_turn_tcod.envs.common import require_data_dir, sample_metadata
+from examples.agent_envs.textworld_env import TextWorldTextEnv
 
 HOW_TO_GET = ("Install ALFWorld and fetch its data: `pip install alfworld` then `alfworld-download` "
               "(it writes the json_2.1.1 games and the PDDL logic into ~/.cache/alfworld by default).")
@@ -69,7 +69,7 @@ class ALFWorldTextEnv(TextWorldTextEnv):
 
 
 def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.alfworld_env.make_env``."""
+    """Factory for ``--rollout-interaction-env-path examples.agent_envs.alfworld_env.make_env``."""
     del args
     metadata = sample_metadata(sample)
     data_dir = require_data_dir("ALFWorld", metadata, "ALFWORLD_DATA", HOW_TO_GET)

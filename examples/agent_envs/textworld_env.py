@@ -24,7 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .common import close_quietly, int_param, pick_params, sample_metadata
+from examples.multi_turn_tcod.envs.common import close_quietly, int_param, pick_params, sample_metadata
 
 _generate_lock = threading.Lock()
 
@@ -154,7 +154,7 @@ class TextWorldTextEnv:
 
 
 def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.textworld_env.make_env``."""
+    """Factory for ``--rollout-interaction-env-path examples.agent_envs.textworld_env.make_env``."""
     del args
     return TextWorldTextEnv(sample_metadata(sample))
 

@@ -7,7 +7,7 @@ files made without the ``expert_actions`` field the rollout cannot see an expert
 
 from __future__ import annotations
 
-from . import make_env as make_builtin_env
+from examples.agent_envs import make_env as make_builtin_env
 
 
 class _WithoutExpert:

@@ -1,0 +1,286 @@
+"""TCOD (examples/multi_turn_tcod) end to end: a few multi-turn rollouts of Qwen3-0.6B on gridnav.
+
+    python tests/test_qwen3_0.6B_tcod.py --tcod-mode {f2b,b2f} --opd-type {sglang,megatron}
+
+The teacher is the student's own checkpoint (self-distillation, as in test_qwen2.5_0.5B_opd_sglang.py):
+``--opd-type megatron`` loads the teacher into the actor's model, so it must share the student's
+architecture, and one model keeps the four runs alike. ``--ci-test`` makes the rollout-log hook
+(examples/multi_turn_tcod/metrics.py) assert the curriculum depth and, with the teacher server, that it
+scored every trajectory; the rollout dumps are checked here once more after training.
+"""
+
+import glob
+import os
+import subprocess
+import time
+import urllib.request
+from argparse import ArgumentParser
+
+import slime.utils.external_utils.command_utils as U
+
+ENABLE_EVAL = bool(int(os.environ.get("SLIME_TEST_ENABLE_EVAL", "1")))
+
+MODEL_NAME = "Qwen3-0.6B"
+MODEL_TYPE = "qwen3-0.6B"
+NUM_GPUS = 4
+NUM_TRAIN_GPUS = 2
+
+TEACHER_HOST = "127.0.0.1"
+TEACHER_PORT = 13141
+
+DATA_DIR = "/root/datasets/tcod_gridnav"
+NUM_ROLLOUT = 3
+MAX_TURNS = 4
+TCOD_ETA = 1  # the depth grows every step: 1, 2, 3
+
+parser = ArgumentParser()
+parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default="f2b")
+parser.add_argument("--opd-type", choices=["sglang", "megatron"], default="sglang")
+
+
+def prepare():
+    U.exec_command("mkdir -p /root/models /root/datasets")
+    U.exec_command(f"hf download Qwen/{MODEL_NAME} --local-dir /root/models/{MODEL_NAME}")
+    U.convert_checkpoint(
+        model_name=MODEL_NAME, megatron_model_type=MODEL_TYPE, num_gpus_per_node=NUM_TRAIN_GPUS, dir_dst="/root/models"
+    )
+    # 4x4 grids whose expert path has 2 to 4 moves, so that b2f replays a prefix at every depth.
+    for split, seed in (("train", 0), ("eval", 100000)):
+        U.exec_command(
+            f"cd {U.repo_base_dir} && python -m examples.multi_turn_tcod.envs.make_data --env gridnav "
+            f"--n 64 --seed {seed} --size 4 --min-len 2 --max-len {MAX_TURNS} --out {DATA_DIR}/{split}.jsonl"
+        )
+
+
+def _get_gpu_split():
+    """The first NUM_TRAIN_GPUS for the colocated actor and engines, the next one for the teacher server."""
+    all_gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(NUM_GPUS))).split(",")
+    assert len(all_gpus) >= NUM_GPUS, f"Expected at least {NUM_GPUS} GPUs, got {len(all_gpus)}"
+    return all_gpus[:NUM_TRAIN_GPUS], all_gpus[NUM_TRAIN_GPUS]
+
+
+def _launch_teacher_server(teacher_gpu: str):
+    env = os.environ.copy()
+    env["CUDA_VISIBLE_DEVICES"] = teacher_gpu
+    log_path = "/tmp/sglang_tcod_teacher.log"
+    process = subprocess.Popen(
+        [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            f"/root/models/{MODEL_NAME}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(TEACHER_PORT),
+            "--tp",
+            "1",
+            "--mem-fraction-static",
+            "0.6",
+        ],
+        env=env,
+        stdout=open(log_path, "w"),
+        stderr=subprocess.STDOUT,
+    )
+    print(f"Starting teacher sglang server on GPU {teacher_gpu} (pid={process.pid}), log: {log_path}")
+    for _ in range(120):
+        if process.poll() is not None:
+            raise RuntimeError(f"Teacher server process exited with code {process.returncode}. Check {log_path}")
+        try:
+            if urllib.request.urlopen(f"http://{TEACHER_HOST}:{TEACHER_PORT}/health_generate", timeout=2).status == 200:
+                return process
+        except Exception:
+            pass
+        time.sleep(5)
+    process.kill()
+    raise RuntimeError(f"Teacher server failed to start within timeout. Check {log_path}")
+
+
+def _config_path():
+    # A short horizon instead of the shipped ScienceWorld one; the keys are those of multi_turn_tcod_config.yaml.
+    return U.save_to_temp_file(
+        f"max_turns: {MAX_TURNS}\n"
+        "max_turn_response_len: 256\n"
+        "rollout_interaction_env_path: examples.multi_turn_tcod.envs\n"
+        "env_step_timeout: 60\n",
+        "yaml",
+    )
+
+
+def _check_rollout_dumps(dump_dir: str, tcod_mode: str, opd_type: str):
+    """Every training sample of rollout n was planned at depth min(1 + n // eta, k_max) and scored by the teacher."""
+    import torch
+
+    for rollout_id in range(NUM_ROLLOUT):
+        samples = torch.load(f"{dump_dir}/{rollout_id}.pt", weights_only=False)["samples"]
+        depth = min(1 + rollout_id // TCOD_ETA, MAX_TURNS)
+        assert samples, f"rollout {rollout_id} dumped no samples"
+        for sample in samples:
+            plan = sample["metadata"]["episode_plan"]
+            assert (plan["mode"], plan["depth"]) == (tcod_mode, depth), f"rollout {rollout_id}: plan {plan}"
+            if tcod_mode == "f2b":
+                assert sample["metadata"]["num_turns"] <= depth, f"rollout {rollout_id}: {sample['metadata']}"
+            if opd_type == "sglang" and not sample["remove_sample"]:
+                # The teacher's answer is the sample's reward until post_process_rewards turns it into
+                # teacher_log_probs: one log-prob per token after the first, so at least one per response token.
+                teacher = sample["reward"]["meta_info"]["input_token_logprobs"][1:]
+                assert len(teacher) == len(sample["tokens"]) - 1 >= sample["response_length"] > 0
+    print(f"Checked {NUM_ROLLOUT} rollout dumps in {dump_dir}: TCOD {tcod_mode} depths and teacher scores hold")
+
+
+def execute(tcod_mode: str, opd_type: str):
+    train_gpus, teacher_gpu = _get_gpu_split()
+    teacher_process = None
+    dump_dir = f"/tmp/tcod_{tcod_mode}_{opd_type}_rollout_data"
+    U.exec_command(f"rm -rf {dump_dir}")
+
+    # Restrict CUDA_VISIBLE_DEVICES to training GPUs before Ray starts
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(train_gpus)
+
+    def launch_teacher():
+        nonlocal teacher_process
+        teacher_process = _launch_teacher_server(teacher_gpu)
+
+    try:
+        ckpt_args = f"--hf-checkpoint /root/models/{MODEL_NAME}/ " f"--ref-load /root/models/{MODEL_NAME}_torch_dist "
+
+        rollout_args = (
+            f"--prompt-data {DATA_DIR}/train.jsonl "
+            "--input-key input "
+            "--label-key label "
+            "--metadata-key metadata "
+            "--rollout-shuffle "
+            f"--num-rollout {NUM_ROLLOUT} "
+            "--rollout-batch-size 8 "
+            "--n-samples-per-prompt 2 "
+            "--rollout-max-response-len 2048 "
+            "--rollout-temperature 0.8 "
+            "--global-batch-size 16 "
+            "--custom-generate-function-path examples.multi_turn_tcod.rollout.generate "
+            f"--custom-config-path {_config_path()} "
+            "--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data "
+            f"--save-debug-rollout-data {dump_dir}/{{rollout_id}}.pt "
+        )
+
+        eval_args = (
+            (
+                "--eval-interval 2 "
+                f"--eval-prompt-data gridnav {DATA_DIR}/eval.jsonl "
+                "--n-samples-per-eval-prompt 1 "
+                "--eval-max-response-len 2048 "
+                "--eval-temperature 0.4 "
+            )
+            if ENABLE_EVAL
+            else ""
+        )
+
+        tcod_args = (
+            "--use-tcod "
+            "--rollout-function-path slime.rollout.tcod.generate_rollout "
+            f"--tcod-mode {tcod_mode} "
+            "--tcod-k-start 1 "
+            f"--tcod-eta {TCOD_ETA} "
+            f"--tcod-k-max {MAX_TURNS} "
+        )
+        if tcod_mode == "b2f":
+            tcod_args += "--tcod-prefix-source expert "
+
+        perf_args = (
+            "--tensor-model-parallel-size 1 "
+            "--sequence-parallel "
+            "--pipeline-model-parallel-size 1 "
+            "--context-parallel-size 1 "
+            "--expert-model-parallel-size 1 "
+            "--expert-tensor-parallel-size 1 "
+            "--use-dynamic-batch-size "
+            "--max-tokens-per-gpu 4096 "
+        )
+
+        grpo_args = (
+            "--advantage-estimator grpo "
+            "--use-opd "
+            f"--opd-type {opd_type} "
+            "--opd-kl-coef 1.0 "
+            "--use-kl-loss "
+            "--kl-loss-coef 0.00 "
+            "--kl-loss-type low_var_kl "
+            "--entropy-coef 0.00 "
+            "--eps-clip 0.2 "
+        )
+
+        if opd_type == "sglang":
+            teacher_args = (
+                "--custom-rm-path slime.rollout.on_policy_distillation.reward_func "
+                "--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards "
+                f"--rm-url http://{TEACHER_HOST}:{TEACHER_PORT}/generate "
+            )
+        else:
+            teacher_args = f"--opd-teacher-load /root/models/{MODEL_NAME}_torch_dist "
+
+        optimizer_args = (
+            "--optimizer adam "
+            "--lr 1e-6 "
+            "--lr-decay-style constant "
+            "--weight-decay 0.1 "
+            "--adam-beta1 0.9 "
+            "--adam-beta2 0.98 "
+        )
+
+        sglang_args = (
+            "--rollout-num-gpus-per-engine 1 "
+            "--sglang-mem-fraction-static 0.6 "
+            "--sglang-cuda-graph-max-bs 16 "
+        )
+
+        ci_args = "--ci-test "
+
+        misc_args = (
+            "--attention-dropout 0.0 "
+            "--hidden-dropout 0.0 "
+            "--accumulate-allreduce-grads-in-fp32 "
+            "--attention-softmax-in-fp32 "
+            "--attention-backend flash "
+            "--actor-num-nodes 1 "
+            f"--actor-num-gpus-per-node {NUM_TRAIN_GPUS} "
+            "--colocate "
+        )
+
+        train_args = (
+            f"{ckpt_args} "
+            f"{rollout_args} "
+            f"{optimizer_args} "
+            f"{grpo_args} "
+            f"{tcod_args} "
+            f"{U.get_default_wandb_args(__file__, run_name_prefix=f'{tcod_mode}_{opd_type}')} "
+            f"{perf_args} "
+            f"{eval_args} "
+            f"{sglang_args} "
+            f"{ci_args} "
+            f"{misc_args} "
+            f"{teacher_args} "
+        )
+
+        U.execute_train(
+            train_args=train_args,
+            num_gpus_per_node=NUM_TRAIN_GPUS,
+            megatron_model_type=MODEL_TYPE,
+            before_ray_job_submit=launch_teacher if opd_type == "sglang" else None,
+        )
+    finally:
+        if teacher_process:
+            teacher_process.kill()
+            teacher_process.wait()
+        U.exec_command("pkill -9 sglang; true")
+
+    if not glob.glob(f"{dump_dir}/*.pt"):
+        raise RuntimeError(f"no rollout data was dumped to {dump_dir}")
+    _check_rollout_dumps(dump_dir, tcod_mode, opd_type)
+
+
+if __name__ == "__main__":
+    args = parser.parse_args()
+    prepare()
+    for proxy_var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        os.environ.pop(proxy_var, None)
+    execute(args.tcod_mode, args.opd_type)

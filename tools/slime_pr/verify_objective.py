@@ -1,0 +1,640 @@
+"""Upstream slime and this runtime give the same per-token advantages for a server-teacher OPD run.
+
+    python tools/slime_pr/verify_objective.py PORTED_OR_PRISTINE_SLIME_DIR
+
+The default objective of a TCOD / OPD run is pure OPD: the reward post-process hook
+(``slime.rollout.on_policy_distillation.post_process_rewards``) hands the estimator 0.0 for every
+sample whatever the environment returned, and the teacher term ``-opd_kl_coef * (student - teacher)``
+is the whole advantage. The same multi-turn-like samples (observation tokens masked, nonzero
+environment returns in ``metadata["task_reward"]``) go through:
+
+* upstream, in a subprocess importing slime only from the given tree: ``rm_hub.async_rm`` (upstream's
+  ``reward_func`` against a local fake teacher answering like SGLang's ``/generate``), the
+  ``RolloutManager``'s ``_convert_samples_to_train_data`` (which calls ``_post_process_rewards``) and
+  ``_split_train_data_by_dp``, the Megatron actor's ``_get_rollout_data``, then
+  ``compute_advantages_and_returns`` (with ``apply_opd_kl_to_advantages``). ray, sglang,
+  sglang_router, megatron, wandb, psutil and torch_memory_saver are stubbed (import-time references
+  only; ``megatron.core.mpu`` answers as one rank, one stage); the accelerator answers ``cpu``; the
+  Megatron log-prob forward is replaced by given "recomputed" log-probs;
+* this runtime (this repository): ``slime.rollout.rewards.assign_rewards``,
+  ``slime.ray.rollout.select_trainable`` and ``RolloutTrainer.train`` (scoring replaced by the same
+  given log-probs, the optimiser step skipped).
+
+Checked per case (grpo, n_samples_per_prompt 1 and 4, student log-probs from the rollout or
+recomputed): the rewards the hook returns (all 0), the teacher log-probs, the advantages of every
+response token and the OPD reverse KL kept for logging, to 1e-6; the teacher requests of both sides
+are identical. Negative control: upstream with a hook that returns the environment's return (what the
+old port did) must give different advantages. Lines starting ``INFO`` are reported, not checked.
+Exits 1 on any failed check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.abc
+import importlib.machinery
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TOL = 1e-6
+# Packages upstream imports that this CPU process cannot (or need not) load: stubbed for imports only.
+STUBBED_PACKAGES = (
+    "ray",
+    "sglang",
+    "sglang_router",
+    "megatron",
+    "wandb",
+    "psutil",
+    "torch_memory_saver",
+    "pylatexenc",
+)
+OPD_HOOKS = "slime.rollout.on_policy_distillation"
+# The negative control's hook: the teacher log-probs as upstream's hook stores them, the environment's
+# return as the reward (the old port's behaviour).
+TASK_REWARD_HOOK = "_verify_objective_hooks.post_process_task_reward"
+
+CASES = (
+    # name, n_samples_per_prompt, rollout_batch_size, student log-probs from the rollout, opd_kl_coef
+    ("grpo_n1_rollout_logprobs", 1, 4, True, 1.0),
+    ("grpo_n4_rollout_logprobs", 4, 2, True, 1.0),
+    ("grpo_n1_recomputed", 1, 4, False, 0.5),
+    ("grpo_n4_recomputed", 4, 2, False, 0.5),
+)
+TASK_REWARDS = (1.0, 0.0, 0.5, -0.5, 2.0, 0.25, 1.0, -1.0)
+
+
+# ---------------------------------------------------------------------------- samples and the teacher
+def teacher_log_prob(token: int, position: int) -> float:
+    """The fake teacher's log-prob of ``token`` at ``position`` (deterministic, in [-4.01, -0.01])."""
+    return -0.01 - ((token * 2654435761 + position * 40503) % 1000) / 250.0
+
+
+def build_samples(n_samples_per_prompt: int, rollout_batch_size: int, seed: int) -> list[dict]:
+    """Multi-turn-like samples: student turns (mask 1) with observations between them (mask 0)."""
+    rng = random.Random(seed)
+    samples = []
+    for group in range(rollout_batch_size):
+        prompt = [rng.randrange(10, 1000) for _ in range(rng.randint(3, 6))]
+        for _ in range(n_samples_per_prompt):
+            index = len(samples)
+            response, mask, rollout_lp, recomputed_lp = [], [], [], []
+            turns = 1 + index % 3
+            for turn in range(turns):
+                if turn:  # an observation: not sampled by the student, log-prob 0.0 as agent loops record it
+                    n_obs = rng.randint(1, 4)
+                    response += [rng.randrange(10, 1000) for _ in range(n_obs)]
+                    mask += [0] * n_obs
+                    rollout_lp += [0.0] * n_obs
+                    recomputed_lp += [-rng.uniform(0.01, 6.0) for _ in range(n_obs)]
+                n_act = rng.randint(2, 7)
+                response += [rng.randrange(10, 1000) for _ in range(n_act)]
+                mask += [1] * n_act
+                lps = [-rng.uniform(0.01, 3.0) for _ in range(n_act)]
+                rollout_lp += lps
+                recomputed_lp += [lp + rng.uniform(-0.05, 0.05) for lp in lps]
+            samples.append(
+                {
+                    "index": index,
+                    "group_index": group,
+                    "prompt": f"prompt {group}",
+                    "response": f"response {index}",
+                    "tokens": prompt + response,
+                    "response_length": len(response),
+                    "loss_mask": mask,
+                    "rollout_log_probs": rollout_lp,
+                    "recomputed_log_probs": recomputed_lp,
+                    "task_reward": TASK_REWARDS[index % len(TASK_REWARDS)],
+                    "truncated": index % 5 == 4,
+                }
+            )
+    return samples
+
+
+def build_spec(seed: int = 0) -> list[dict]:
+    cases = []
+    for i, (name, n, batch, rollout_lp, coef) in enumerate(CASES):
+        samples = build_samples(n, batch, seed + i)
+        cases.append(
+            {
+                "name": name,
+                "n_samples_per_prompt": n,
+                "rollout_batch_size": batch,
+                "use_rollout_logprobs": rollout_lp,
+                "opd_kl_coef": coef,
+                "samples": samples,
+            }
+        )
+    return cases
+
+
+class TeacherServer:
+    """A local stand-in for the teacher's SGLang ``/generate``: score-only replies, requests recorded."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(payload)
+                ids = payload["input_ids"]
+                entries = [[None if i == 0 else teacher_log_prob(t, i), t, None] for i, t in enumerate(ids)]
+                body = json.dumps(
+                    {
+                        "text": "",
+                        "meta_info": {
+                            "id": str(len(server.requests)),
+                            "prompt_tokens": len(ids),
+                            "completion_tokens": 0,
+                            "finish_reason": {"type": "length", "length": 0},
+                            "input_token_logprobs": entries,
+                            "output_token_logprobs": [],
+                        },
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/generate"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def common_flags(case: dict, teacher_url: str, hook: str) -> list[str]:
+    """slime's flags of a server-teacher OPD run (the same names upstream and here)."""
+    flags = [
+        "--use-opd",
+        "--opd-type",
+        "sglang",
+        "--opd-kl-coef",
+        str(case["opd_kl_coef"]),
+        "--rm-url",
+        teacher_url,
+        "--custom-rm-path",
+        f"{OPD_HOOKS}.reward_func",
+        "--custom-reward-post-process-path",
+        hook,
+        "--advantage-estimator",
+        "grpo",
+        "--n-samples-per-prompt",
+        str(case["n_samples_per_prompt"]),
+        "--rollout-batch-size",
+        str(case["rollout_batch_size"]),
+    ]
+    return flags + (["--use-rollout-logprobs"] if case["use_rollout_logprobs"] else [])
+
+
+def _install_task_reward_hook(opd_module) -> None:
+    """Register ``TASK_REWARD_HOOK``: ``opd_module``'s post-process, then the environment's returns."""
+    module = types.ModuleType(TASK_REWARD_HOOK.rpartition(".")[0])
+
+    def post_process_task_reward(args, samples, **kwargs):
+        opd_module.post_process_rewards(args, samples, **kwargs)
+        rewards = [float(s.metadata["task_reward"]) for s in samples]
+        return list(rewards), rewards
+
+    module.post_process_task_reward = post_process_task_reward
+    sys.modules[module.__name__] = module
+
+
+def _by_index(samples, values) -> dict[str, list[float]]:
+    return {str(s.index): [float(v) for v in value] for s, value in zip(samples, values, strict=True)}
+
+
+# ---------------------------------------------------------------------------- upstream side
+class _StubModule(types.ModuleType):
+    """Any attribute is a do-nothing class (import-time references); instantiations are recorded."""
+
+    used: list[str] = []
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        qualified = f"{self.__name__}.{name}"
+
+        def init(obj, *args, **kwargs):
+            _StubModule.used.append(qualified)
+
+        stub = type(name, (), {"__init__": init})
+        setattr(self, name, stub)
+        return stub
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in STUBBED_PACKAGES:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _install_upstream_stubs() -> None:
+    sys.meta_path.insert(0, _StubFinder())
+    import megatron.core
+    import ray
+
+    def remote(*args, **kwargs):
+        return args[0] if len(args) == 1 and not kwargs and callable(args[0]) else (lambda obj: obj)
+
+    ray.remote, ray.get, ray.put = remote, (lambda ref: ref), (lambda value, **kwargs: value)
+    ray._private = types.SimpleNamespace(services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
+    # One data-parallel rank, one context-parallel rank, the last (only) pipeline stage.
+    mpu = _StubModule("megatron.core.mpu")
+    for name, value in {
+        "is_pipeline_last_stage": True,
+        "get_context_parallel_world_size": 1,
+        "get_context_parallel_rank": 0,
+        "get_data_parallel_rank": 0,
+        "get_data_parallel_world_size": 1,
+        "get_data_parallel_group": None,
+    }.items():
+        setattr(mpu, name, lambda *args, _value=value, **kwargs: _value)
+    sys.modules["megatron.core.mpu"] = megatron.core.mpu = mpu
+
+
+def _upstream_args(case: dict, teacher_url: str, hook: str, normalize: bool):
+    from slime.utils.arguments import get_slime_extra_args_provider
+
+    parser = get_slime_extra_args_provider()(argparse.ArgumentParser(allow_abbrev=False))
+    args = parser.parse_args(common_flags(case, teacher_url, hook) + (["--normalize-advantages"] if normalize else []))
+    n_samples = case["n_samples_per_prompt"] * case["rollout_batch_size"]
+    # Megatron's parser would set these; one training step holds every sample (rollout) of the batch.
+    args.global_batch_size = n_samples
+    for name, value in {"micro_batch_size": 1, "max_tokens_per_gpu": None, "balance_data": False}.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    return args
+
+
+def _upstream_run(case: dict, teacher_url: str, hook: str, normalize: bool = False) -> dict:
+    import torch
+
+    from slime.backends.megatron_utils import actor as megatron_actor
+    from slime.backends.megatron_utils.loss import compute_advantages_and_returns
+    from slime.ray.rollout import RolloutManager
+    from slime.rollout.rm_hub import async_rm
+    from slime.utils.misc import load_function
+    from slime.utils.types import Sample
+
+    args = _upstream_args(case, teacher_url, hook, normalize)
+    samples = [
+        Sample(
+            index=s["index"],
+            group_index=s["group_index"],
+            prompt=s["prompt"],
+            response=s["response"],
+            tokens=list(s["tokens"]),
+            response_length=s["response_length"],
+            loss_mask=list(s["loss_mask"]),
+            rollout_log_probs=list(s["rollout_log_probs"]),
+            status=Sample.Status.TRUNCATED if s["truncated"] else Sample.Status.COMPLETED,
+            metadata={"task_reward": s["task_reward"]},
+        )
+        for s in case["samples"]
+    ]
+
+    async def reward_all():  # generate_and_rm: the reward model runs where the generate function left None
+        for sample in samples:
+            if sample.reward is None:
+                sample.reward = await async_rm(args, sample)
+
+    asyncio.run(reward_all())
+    manager = object.__new__(RolloutManager)  # only the reward / train-data methods are used
+    manager.args = args
+    manager.custom_reward_post_process_func = load_function(args.custom_reward_post_process_path)
+    manager.custom_convert_samples_to_train_data_func = None
+    manager.train_parallel_config = {
+        "dp_size": 1,
+        "cp_size": 1,
+        "vpp_size": 1,
+        "microbatch_group_size_per_vp_stage": 1,
+    }
+    train_data = manager._convert_samples_to_train_data(samples)
+    refs = manager._split_train_data_by_dp(train_data)
+    rollout_data = megatron_actor.MegatronTrainRayActor._get_rollout_data(types.SimpleNamespace(args=args), refs)
+    order = [samples[i] for i in rollout_data["partition"]]
+    if not args.use_rollout_logprobs:  # what the actor's compute_log_prob forward would store
+        rollout_data["log_probs"] = [torch.tensor(case["samples"][s.index]["recomputed_log_probs"]) for s in order]
+    compute_advantages_and_returns(args, rollout_data)
+    return {
+        "rewards": {str(s.index): float(r) for s, r in zip(order, rollout_data["rewards"], strict=True)},
+        "teacher": _by_index(order, rollout_data["teacher_log_probs"]),
+        "adv": _by_index(order, rollout_data["advantages"]),
+        "opd_kl": _by_index(order, rollout_data["opd_reverse_kl"]),
+    }
+
+
+def upstream_side(tree: Path, spec: dict) -> dict:
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (REPO, Path(__file__).resolve().parent)]
+    sys.path.insert(0, str(tree))
+    _install_upstream_stubs()
+    import torch.distributed as dist
+
+    import slime.backends.megatron_utils.actor
+    import slime.backends.megatron_utils.loss
+    import slime.ray.rollout
+    import slime.rollout.on_policy_distillation as opd
+    import slime.rollout.rm_hub  # noqa: F401
+    from slime.utils import accelerator
+
+    foreign = sorted(
+        name
+        for name, module in sys.modules.items()
+        if name.split(".")[0] == "slime" and getattr(module, "__file__", None)
+        if not Path(module.__file__).resolve().is_relative_to(tree.resolve())
+    )
+    if foreign:
+        raise SystemExit(f"upstream side imported slime modules from outside {tree}: {foreign}")
+    accelerator.current_device = lambda: "cpu"  # no accelerator on this machine
+    _install_task_reward_hook(opd)
+    stubs_after_import = list(_StubModule.used)
+    _StubModule.used.clear()
+    out = {"cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        # Whitening all-reduces over the data-parallel group: a one-rank gloo group.
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+        for case in spec["cases"]:
+            out["cases"][case["name"]] = {
+                "pure": _upstream_run(case, spec["teacher_url"], f"{OPD_HOOKS}.post_process_rewards"),
+                "task": _upstream_run(case, spec["teacher_url"], TASK_REWARD_HOOK),
+                "pure_whitened": _upstream_run(case, spec["teacher_url"], f"{OPD_HOOKS}.post_process_rewards", True),
+            }
+        dist.destroy_process_group()
+    out["stubbed_modules"] = sorted(n for n in sys.modules if n.split(".")[0] in STUBBED_PACKAGES)
+    out["stubs_called"] = sorted(set(_StubModule.used))
+    out["stubs_called_at_import"] = sorted(set(stubs_after_import))
+    return out
+
+
+# ---------------------------------------------------------------------------- runtime side
+def _runtime_hook_is_pure() -> bool:
+    """Whether this runtime's post-process hook returns 0.0 for a sample with a nonzero task reward."""
+    from slime.rollout import on_policy_distillation as opd
+    from slime.utils.types import Sample
+
+    reply = {"meta_info": {"input_token_logprobs": [[None, 1, None], [-0.5, 2, None]]}}
+    probe = Sample(index=0, tokens=[1, 2], response_length=1, reward=reply, metadata={"task_reward": 1.0})
+    args = types.SimpleNamespace(opd_teacher_top_k=0, rm_url=None)
+    raw, rewards = opd.post_process_rewards(args, [probe])
+    return list(rewards) == [0.0]
+
+
+def make_pure_opd_hook() -> None:
+    """Patch this process's ``post_process_rewards`` to return 0.0 rewards, as upstream's does."""
+    from slime.rollout import on_policy_distillation as opd
+
+    original = opd.post_process_rewards
+
+    def post_process_rewards(args, samples, **kwargs):
+        raw, _ = original(args, samples, **kwargs)
+        zeros = [0.0] * len(raw)
+        return list(zeros), zeros
+
+    opd.post_process_rewards = post_process_rewards
+
+
+def _runtime_run(case: dict, teacher_url: str, hook: str, normalize: bool = False) -> dict:
+    import torch
+
+    from slime.backends.fsdp_utils.forward import Scores
+    from slime.backends.rollout_trainer import RolloutTrainer
+    from slime.ray.rollout import select_trainable
+    from slime.rollout.rewards import assign_rewards
+    from slime.rollout.sglang_rollout import run_async
+    from slime.utils import http_utils
+    from slime.utils.arguments import parse_args
+    from slime.utils.types import Sample, Status
+
+    args = parse_args(argv=common_flags(case, teacher_url, hook) + (["--normalize-advantages"] if normalize else []))
+    recomputed = {s["index"]: s["recomputed_log_probs"] for s in case["samples"]}
+    samples = [
+        Sample(
+            index=s["index"],
+            group_index=s["group_index"],
+            prompt=s["prompt"],
+            response=s["response"],
+            tokens=list(s["tokens"]),
+            response_length=s["response_length"],
+            loss_mask=list(s["loss_mask"]),
+            rollout_log_probs=list(s["rollout_log_probs"]),
+            status=Status.TRUNCATED if s["truncated"] else Status.COMPLETED,
+            metadata={"task_reward": s["task_reward"]},
+        )
+        for s in case["samples"]
+    ]
+    run_async(assign_rewards(args, samples))
+    run_async(http_utils.close_session())
+    groups = [[s for s in samples if s.group_index == g] for g in range(case["rollout_batch_size"])]
+    samples, _ = select_trainable(args, groups)
+
+    class Trainer(RolloutTrainer):
+        """The runtime's trainer with scoring given and the optimiser step skipped."""
+
+        def __init__(self):
+            self.args, self.device, self.model = args, torch.device("cpu"), torch.nn.Module()
+            self.ref = self.teacher = self.critic = None
+            self.sft = self.full_opd = False
+            self.dp_rank, self.dp_size, self.optimizer_steps = 0, 1, 0
+            self.per_sample = None
+
+        def _score(self, model, batch, *, entropy=False, teacher=None):
+            return Scores(log_probs=[torch.tensor(recomputed[s.index], dtype=torch.float32) for s in batch])
+
+        def _kl_teacher(self, batch):
+            return None, None
+
+        def _train_step(self, samples, step, masks, per_sample, rollout_id=0, step_no=0):
+            self.per_sample = per_sample
+            return {"loss": 0.0}
+
+    trainer = Trainer()
+    metrics = trainer.train(0, samples, 0.0)
+    return {
+        "rewards": {str(s.index): float(s.reward) for s in samples},
+        # As the trainer reads them (float32), like upstream's tensors.
+        "teacher": _by_index(samples, [torch.tensor(s.teacher_log_probs) for s in samples]),
+        "adv": _by_index(samples, trainer.per_sample["adv"]),
+        "opd_kl": _by_index(samples, metrics["per_sample_opd_kl"]),
+    }
+
+
+RUNTIME_VARIANTS = ("pure", "pure_whitened", "task")
+
+
+def runtime_side(spec: dict, patch_pure: bool = True, variants=RUNTIME_VARIANTS) -> dict:
+    """This runtime's results for every case; with ``patch_pure`` a task-reward OPD hook is made pure first."""
+    sys.path.insert(0, str(REPO))
+    import slime
+    import slime.rollout.on_policy_distillation as opd
+
+    if Path(slime.__file__).resolve().parent != REPO / "slime":
+        raise SystemExit(f"runtime side imported slime from {slime.__file__}, not {REPO}/slime")
+    out = {"cases": {}, "hook_was_pure": _runtime_hook_is_pure(), "patched": False}
+    _install_task_reward_hook(opd)
+    if patch_pure and not out["hook_was_pure"]:
+        make_pure_opd_hook()
+        out["patched"] = True
+    runs = {
+        "pure": (f"{OPD_HOOKS}.post_process_rewards", False),
+        "pure_whitened": (f"{OPD_HOOKS}.post_process_rewards", True),
+        "task": (TASK_REWARD_HOOK, False),
+    }
+    for case in spec["cases"]:
+        out["cases"][case["name"]] = {v: _runtime_run(case, spec["teacher_url"], *runs[v]) for v in variants}
+    return out
+
+
+# ---------------------------------------------------------------------------- comparison
+def max_abs_diff(a: dict[str, list[float]], b: dict[str, list[float]], masks: dict[str, list[int]] | None = None):
+    """Largest |a - b| over every token of every sample (or the masked ones); inf if the layouts differ."""
+    if a.keys() != b.keys() or any(len(a[k]) != len(b[k]) for k in a):
+        return float("inf")
+    diffs = [
+        abs(x - y) for k in a for i, (x, y) in enumerate(zip(a[k], b[k], strict=True)) if masks is None or masks[k][i]
+    ]
+    return max(diffs, default=0.0)
+
+
+class Report:
+    def __init__(self):
+        self.failed = 0
+
+    def check(self, ok: bool, what: str) -> None:
+        self.failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {what}", flush=True)
+
+    @staticmethod
+    def info(what: str) -> None:
+        print(f"INFO  {what}", flush=True)
+
+
+def compare(spec: dict, upstream: dict, runtime: dict, report: Report) -> None:
+    for case in spec["cases"]:
+        name = case["name"]
+        up, rt = upstream["cases"][name]["pure"], runtime["cases"][name]["pure"]
+        masks = {str(s["index"]): s["loss_mask"] for s in case["samples"]}
+        n_tokens = sum(len(m) for m in masks.values())
+        n_trained = sum(sum(m) for m in masks.values())
+        zero = all(r == 0.0 for r in list(up["rewards"].values()) + list(rt["rewards"].values()))
+        report.check(
+            zero and up["rewards"].keys() == rt["rewards"].keys(),
+            f"[{name}] rewards handed to the estimator are 0.0 for all {len(up['rewards'])} samples on both sides "
+            f"(environment returns {sorted({s['task_reward'] for s in case['samples']})})",
+        )
+        diff = max_abs_diff(up["teacher"], rt["teacher"])
+        report.check(diff <= TOL, f"[{name}] teacher log-probs: max abs diff {diff:.3g}")
+        diff = max_abs_diff(up["adv"], rt["adv"])
+        largest = max(abs(v) for adv in up["adv"].values() for v in adv)
+        report.check(
+            diff <= TOL and largest > 0.1,
+            f"[{name}] advantages, all {n_tokens} response tokens ({n_trained} trained) of {len(masks)} samples: "
+            f"max abs diff {diff:.3g} (max |A| {largest:.3f})",
+        )
+        diff = max_abs_diff(up["opd_kl"], rt["opd_kl"])
+        report.check(diff <= TOL, f"[{name}] OPD reverse KL kept for logging: max abs diff {diff:.3g}")
+        control = max_abs_diff(upstream["cases"][name]["task"]["adv"], rt["adv"], masks)
+        report.check(
+            control > 1e-3,
+            f"[{name}] negative control: upstream with a hook returning the environment's return differs from "
+            f"this runtime by max abs {control:.3g} on trained tokens (must differ)",
+        )
+        diff = max_abs_diff(upstream["cases"][name]["task"]["adv"], runtime["cases"][name]["task"]["adv"], masks)
+        report.info(
+            f"[{name}] both sides with the environment-return hook: max abs diff {diff:.3g} on trained tokens "
+            "(upstream trains the raw returns: a custom post-process hook skips its group normalisation; this "
+            "runtime's grpo centres (n=1: zeroes) and std-normalises them per group in the trainer)"
+        )
+        up_w, rt_w = upstream["cases"][name]["pure_whitened"]["adv"], runtime["cases"][name]["pure_whitened"]["adv"]
+        report.info(
+            f"[{name}] with --normalize-advantages: max abs diff {max_abs_diff(up_w, rt_w, masks):.3g} on trained "
+            f"tokens, {max_abs_diff(up_w, rt_w):.3g} on all tokens (upstream: unbiased variance, masked tokens "
+            "whitened too; this runtime: population variance, masked tokens 0)"
+        )
+
+
+def _run_side(side: str, tree: Path | None, spec: dict, work: Path) -> dict:
+    spec_path, out_path = work / f"{side}_spec.json", work / f"{side}_out.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--spec", str(spec_path)]
+    cmd += ["--out", str(out_path)] + (["--tree", str(tree)] if tree else [])
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        raise RuntimeError(f"{side} side failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(out_path.read_text())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("slime_dir", nargs="?", type=Path, help="upstream slime tree (pristine or ported)")
+    parser.add_argument("--side", choices=("upstream", "runtime"), help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.side:
+        spec = json.loads(opts.spec.read_text())
+        result = upstream_side(opts.tree, spec) if opts.side == "upstream" else runtime_side(spec)
+        opts.out.write_text(json.dumps(result))
+        return 0
+    if opts.slime_dir is None or not (opts.slime_dir / "slime" / "ray" / "rollout.py").is_file():
+        parser.error("give an upstream slime tree (a directory holding slime/ray/rollout.py)")
+    report = Report()
+    with tempfile.TemporaryDirectory(prefix="verify_objective_") as tmp, TeacherServer() as up_teacher:
+        cases = build_spec()
+        upstream = _run_side(
+            "upstream", opts.slime_dir.resolve(), {"cases": cases, "teacher_url": up_teacher.url}, Path(tmp)
+        )
+        with TeacherServer() as rt_teacher:
+            runtime = _run_side("runtime", None, {"cases": cases, "teacher_url": rt_teacher.url}, Path(tmp))
+        report.info(f"upstream stubs imported: {', '.join(upstream['stubbed_modules'])}")
+        report.info(f"upstream stubs instantiated during the flow: {upstream['stubs_called'] or 'none'}")
+        if runtime["patched"]:
+            report.info(
+                "this runtime's post_process_rewards returned metadata['task_reward'], not 0.0: it was patched to "
+                "return 0.0 in the runtime subprocess only (the lead's change to pure OPD is not in yet)"
+            )
+        key = lambda payload: json.dumps(payload, sort_keys=True)  # noqa: E731
+        up_requests, rt_requests = set(map(key, up_teacher.requests)), set(map(key, rt_teacher.requests))
+        report.check(
+            up_requests == rt_requests and len(up_requests) == sum(len(c["samples"]) for c in cases),
+            f"teacher requests: the same {len(up_requests)} distinct payloads on both sides (one per sample; "
+            f"{len(up_teacher.requests)} sent by upstream's runs, {len(rt_teacher.requests)} by this runtime's)",
+        )
+        compare({"cases": cases}, upstream, runtime, report)
+    print(f"{'FAILED' if report.failed else 'OK'}: {report.failed} failed check(s)", flush=True)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
