@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 demo: $(STAMP)
-	PYTHON=$(abspath $(PY)) bash examples/multi_turn_tcod/run-tiny-tcod.sh
+	PYTHON=$(abspath $(PY)) bash scripts/run-tiny-tcod.sh
 
 clean:
 	rm -rf $(VENV)

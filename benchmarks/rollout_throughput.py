@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.multi_turn_tcod.envs import make_env  # noqa: E402
-from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
+from examples.agent_envs import make_env  # noqa: E402
+from examples.agent_envs.make_data import task_rows  # noqa: E402
 from slime.backends.sglang_utils.launcher import launch_engine  # noqa: E402
 from examples.multi_turn_tcod import rollout as multi_turn  # noqa: E402
 from examples.multi_turn_tcod.chat_layout import decode_action, encode_observation  # noqa: E402
@@ -174,7 +174,7 @@ def main(argv=None):
     args = get_parser().parse_args([
         "--hf-checkpoint", ckpt, "--max-turns", str(a.max_turns), "--max-turn-response-len", str(a.turn_tokens),
         "--rollout-max-response-len", "480", "--rollout-interaction-env-path",
-        "examples.multi_turn_tcod.envs.make_env", "--rollout-seed", "0"])
+        "examples.agent_envs.make_env", "--rollout-seed", "0"])
     validate_args(args)
     temperature = args.rollout_temperature
     tasks = make_tasks(a.episodes)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TCOD vs vanilla OPD over several seeds on one built-in environment (issue 8, item 1).
-# Calls train.py exactly as examples/multi_turn_tcod/run-tiny-tcod.sh does (same SFT recipe for the
+# Calls train.py exactly as scripts/run-tiny-tcod.sh does (same SFT recipe for the
 # teacher/student, same OPD flags, same hf_engine teacher server); only the environment, the seeds,
 # the step budget and the output layout are chosen here. Per setting:
 #   1. teacher + student: reused from TEACHER/STUDENT (dirs of HF checkpoints) if both are given,
@@ -56,8 +56,8 @@ mkdir -p "${OUT_DIR}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 phase "tasks (train seeds 0.., eval seeds 100000..)"
-"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${ENV_ARGS[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
-"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${ENV_ARGS[@]}" --n "${EVAL_N}" --seed 100000 \
+"${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
+"${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n "${EVAL_N}" --seed 100000 \
   --out "${OUT_DIR}/eval.jsonl"
 # The same training tasks with their expert paths removed, for B2F with the teacher's own prefix (b2ft).
 "${PYTHON}" -c "
@@ -70,7 +70,7 @@ with open(sys.argv[1]) as src, open(sys.argv[2], 'w') as dst:
 # The run-tiny-tcod.sh flags minus the seeds, which vary per run below.
 base_args() {
   printf '%s\n' --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle \
-    --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
+    --rollout-interaction-env-path examples.agent_envs.make_env \
     --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
     --max-turns "${MAX_TURNS}" --max-turn-response-len "${TURN_LEN}" --rollout-max-response-len "${RESPONSE_LEN}" \
     --eval-prompt-data "${SETTING}" "${OUT_DIR}/eval.jsonl" --eval-temperature "${EVAL_TEMPERATURE:-1.0}"

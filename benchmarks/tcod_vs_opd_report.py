@@ -4,7 +4,7 @@
         [--teacher-success 0.75] [--start-eval 0.46]
 
 Reads DIR/seed*/{opd,f2b,b2f,b2ft}/metrics.jsonl (b2ft: B2F with the teacher's own prefix). Per-run numbers come from
-examples/multi_turn_tcod/report.py (``summarize``: start/end of per-step series are 3-step means);
+scripts/tcod_report.py (``summarize``: start/end of per-step series are 3-step means);
 this module only averages them over seeds. Writes benchmarks/results/tcod_vs_opd/SETTING.md and
 .json, and docs/en/assets/tcod_vs_opd_SETTING.png.
 """
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from examples.multi_turn_tcod.report import (  # noqa: E402
+from scripts.tcod_report import (  # noqa: E402
     TRAIN_SUCCESS, TRAJ_KL, eval_key, evals_of, mean_per_turn_kl, summarize, train_steps)
 from slime.utils.metrics import read_metrics  # noqa: E402
 

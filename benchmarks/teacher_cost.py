@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.multi_turn_tcod.envs import make_env  # noqa: E402
-from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
+from examples.agent_envs import make_env  # noqa: E402
+from examples.agent_envs.make_data import task_rows  # noqa: E402
 from rollout_throughput import play  # noqa: E402  (run as a script, this folder is on sys.path)
 from slime.backends.sglang_utils.launcher import launch_engine  # noqa: E402
 from slime.rollout.expert_sft import build_expert_sample  # noqa: E402
@@ -59,7 +59,7 @@ def student_trajectories(disks: int, n: int, ckpt: str, url: str) -> list[Sample
     args = get_parser().parse_args([
         "--hf-checkpoint", ckpt, "--max-turns", str(turns), "--max-turn-response-len", "8",
         "--rollout-max-response-len", str(160 * turns), "--rollout-interaction-env-path",
-        "examples.multi_turn_tcod.envs.make_env", "--rollout-seed", "0"])
+        "examples.agent_envs.make_env", "--rollout-seed", "0"])
     validate_args(args)
     args.rollout_engine_urls = [url]
     # max_steps well past T: the episode ends at --max-turns, not because the env gave up.

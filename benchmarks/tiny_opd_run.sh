@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A short OPD run shaped like phase 4 of examples/multi_turn_tcod/run-tiny-tcod.sh (same model size,
+# A short OPD run shaped like phase 4 of scripts/run-tiny-tcod.sh (same model size,
 # task, turns, batch and server teacher), for the step-time breakdown and peak memory; it skips the
 # demo's SFT phase: teacher and student are two random tiny models. Run it under the memory sampler:
 #   python benchmarks/step_breakdown.py --measure -- bash benchmarks/tiny_opd_run.sh OUT_DIR [STEPS] [MODE]
@@ -14,7 +14,7 @@ mkdir -p "${OUT}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 "${PYTHON}" -m slime.utils.tiny_models --out "${OUT}/student" --hidden-size 64 --num-layers 2 --seed 0 >/dev/null
 "${PYTHON}" -m slime.utils.tiny_models --out "${OUT}/teacher" --hidden-size 64 --num-layers 2 --seed 1 >/dev/null
-"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data --env gridnav --size 6 --walls 0 --min-len 4 --max-len 10 \
+"${PYTHON}" -m examples.agent_envs.make_data --env gridnav --size 6 --walls 0 --min-len 4 --max-len 10 \
   --n 256 --seed 0 --out "${OUT}/train.jsonl"
 
 PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
@@ -35,7 +35,7 @@ case "${MODE}" in
 esac
 rm -rf "${OUT}/run"
 "${PYTHON}" train.py --hf-checkpoint "${OUT}/student" --prompt-data "${OUT}/train.jsonl" --rollout-shuffle \
-  --seed 0 --rollout-seed 0 --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env \
+  --seed 0 --rollout-seed 0 --rollout-interaction-env-path examples.agent_envs.make_env \
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
   --max-turns 10 --max-turn-response-len 8 --rollout-max-response-len 480 \
   --rollout-batch-size 8 --micro-batch-size 8 --num-rollout "${STEPS}" --lr 1e-4 --rollout-temperature 1.0 \

@@ -16,7 +16,7 @@ its share of the ``--steps`` measured ones; each configuration is spawned ``--re
 order of the spawns alternates the backends (FSDP, Megatron, FSDP, Megatron, Megatron) and is reversed
 in every other round, so a change of machine load during the run falls on both sides.
 
-The workload is one step of the demo (``examples/multi_turn_tcod/run-tiny-tcod.sh``, vanilla OPD):
+The workload is one step of the demo (``scripts/run-tiny-tcod.sh``, vanilla OPD):
 student and teacher are the demo's tiny Qwen3 shape (hidden 64, 2 layers, 4 heads, the char-level
 vocabulary of 100), built here with random weights (seed 0 and 1); 16 episodes per step in one optimizer
 step (--rollout-batch-size 16, --global-batch-size 16, --micro-batch-size 8), lr 1e-3, rollout
@@ -91,7 +91,7 @@ def build_checkpoints(root: Path) -> dict[str, str]:
 def make_batches(n_batches: int, teacher_ckpt: str, seed: int = 0) -> list[list]:
     """``n_batches`` demo-sized batches of multi-turn gridnav episodes with the server teacher's reply."""
     from examples.multi_turn_tcod.envs import gridnav
-    from examples.multi_turn_tcod.envs.make_data import task_rows
+    from examples.agent_envs.make_data import task_rows
     from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt
     from slime.utils.tiny_models import build_tokenizer
     from slime.utils.types import Sample

@@ -37,7 +37,7 @@ case "${TASK_ENV}" in
   *) echo "TASK_ENV must be scienceworld, alfworld or webshop (got ${TASK_ENV})" >&2; exit 2 ;;
 esac
 # The env package dispatches on each row's metadata["env"] (upstream's build_env(sample, args) contract).
-ENV_PATH="examples.multi_turn_tcod.envs"
+ENV_PATH="examples.agent_envs"
 TRAIN_GPUS=$(( NUM_GPUS - TEACHER_GPUS ))
 ROLLOUT_GPUS=$(( TRAIN_GPUS / 2 ))
 ACTOR_GPUS=$(( TRAIN_GPUS - ROLLOUT_GPUS ))

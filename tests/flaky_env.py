@@ -3,7 +3,7 @@ only their episode."""
 
 import threading
 
-from examples.multi_turn_tcod.envs import make_env as make_builtin_env
+from examples.agent_envs import make_env as make_builtin_env
 
 # Hung calls wait on this; tests set it at teardown so no thread outlives its test for long.
 RELEASE = threading.Event()

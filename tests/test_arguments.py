@@ -4,7 +4,7 @@ from slime.utils.arguments import ArgumentError, get_parser, parse_args, validat
 from slime.utils.kl_controller import FixedKLController, build_kl_controller
 
 SERVER_OPD = ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate"]
-ENV = ["--rollout-interaction-env-path", "examples.multi_turn_tcod.envs"]
+ENV = ["--rollout-interaction-env-path", "examples.agent_envs"]
 TCOD_FN = ["--rollout-function-path", "slime.rollout.tcod.generate_rollout"]
 TCOD = SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"]
 ADAPTIVE = ["--advantage-estimator", "ppo", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"]

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from examples.multi_turn_tcod.envs import make_env
+from examples.agent_envs import make_env
 from examples.multi_turn_tcod.envs.scienceworld_env import NO_MATCH, SERVERS, ScienceWorldError
 from slime.utils.types import Sample
 

@@ -6,8 +6,8 @@ from collections import deque
 
 import pytest
 
-from examples.multi_turn_tcod.envs import make_env
-from examples.multi_turn_tcod.envs import make_data
+from examples.agent_envs import make_env
+from examples.agent_envs import make_data
 from slime.utils.types import Sample
 
 

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from examples.multi_turn_tcod.envs import make_data, make_env
+from examples.agent_envs import make_env
+from examples.agent_envs import make_data
 from examples.multi_turn_tcod import chat_layout
 from slime.rollout.expert_sft import build_expert_sample, main as expert_sft_main
 from slime.utils.tiny_models import build_tokenizer

@@ -33,7 +33,7 @@ def _module(name, source):
 
 
 def test_both_contracts_give_the_same_episode():
-    upstream, factory = _build("examples.multi_turn_tcod.envs"), _build("examples.multi_turn_tcod.envs.make_env")
+    upstream, factory = _build("examples.agent_envs"), _build("examples.agent_envs.make_env")
     assert upstream.upstream_contract and not factory.upstream_contract
     assert upstream.reset() == factory.reset()
     actions = factory.expert_actions()

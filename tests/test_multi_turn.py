@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _engine_helpers import start_hf_engine
-from examples.multi_turn_tcod.envs import make_env
+from examples.agent_envs import make_env
 from slime.ray.rollout import TooManyFailures, select_trainable
 from examples.multi_turn_tcod.chat_layout import decode_action, encode_observation
 from examples.multi_turn_tcod import teacher_prefix
@@ -20,7 +20,7 @@ from slime.utils.http_utils import close_session
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 from slime.utils.types import Sample, Status
 
-ENV_PATH = "examples.multi_turn_tcod.envs.make_env"
+ENV_PATH = "examples.agent_envs.make_env"
 
 
 @pytest.fixture(scope="module")

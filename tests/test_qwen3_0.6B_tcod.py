@@ -88,7 +88,10 @@ def _launch_teacher_server(teacher_gpu: str):
         if process.poll() is not None:
             raise RuntimeError(f"Teacher server process exited with code {process.returncode}. Check {log_path}")
         try:
-            if urllib.request.urlopen(f"http://{TEACHER_HOST}:{TEACHER_PORT}/health_generate", timeout=2).status == 200:
+            if (
+                urllib.request.urlopen(f"http://{TEACHER_HOST}:{TEACHER_PORT}/health_generate", timeout=2).status
+                == 200
+            ):
                 return process
         except Exception:
             pass
@@ -228,9 +231,7 @@ def execute(tcod_mode: str, opd_type: str):
         )
 
         sglang_args = (
-            "--rollout-num-gpus-per-engine 1 "
-            "--sglang-mem-fraction-static 0.6 "
-            "--sglang-cuda-graph-max-bs 16 "
+            "--rollout-num-gpus-per-engine 1 " "--sglang-mem-fraction-static 0.6 " "--sglang-cuda-graph-max-bs 16 "
         )
 
         ci_args = "--ci-test "

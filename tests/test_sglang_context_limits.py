@@ -143,7 +143,7 @@ def test_prompt_that_fills_the_context_is_not_sent(engines):
 
 def mt_args(engines, *extra, limits=True):
     return make_args(engines, "--max-turns", "6", "--rollout-interaction-env-path",
-                     "examples.multi_turn_tcod.envs.make_env", "--rollout-max-response-len", "400",
+                     "examples.agent_envs.make_env", "--rollout-max-response-len", "400",
                      "--max-turn-response-len", "40", *extra, limits=limits)
 
 

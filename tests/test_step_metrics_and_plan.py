@@ -75,7 +75,7 @@ def _run(cmd, env=None):
 def test_train_dry_run_prints_plan_and_starts_nothing():
     out = _run([sys.executable, "train.py", "--dry-run", "--hf-checkpoint", "m", "--use-opd", "--opd-type", "sglang",
                 "--rm-url", "http://127.0.0.1:1/generate", "--max-turns", "30", "--use-tcod", "--tcod-mode", "f2b",
-                "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs",
+                "--rollout-interaction-env-path", "examples.agent_envs",
                 "--rollout-function-path", "slime.rollout.tcod.generate_rollout",
                 "--tcod-eta", "6", "--num-rollout", "250"])
     assert out.returncode == 0, out.stderr

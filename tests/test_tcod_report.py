@@ -1,6 +1,6 @@
 """The demo's report: start/end numbers from metrics records, a skipped step -1 eval, and the plot."""
 
-from examples.multi_turn_tcod.report import markdown_table, mean_per_turn_kl, plot, summarize
+from scripts.tcod_report import markdown_table, mean_per_turn_kl, plot, summarize
 
 
 def _records():

@@ -29,7 +29,10 @@ def tokenizer():
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"]
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -44,7 +47,9 @@ class FakeEngine:
     async def post(self, url, payload, max_retries=60, headers=None):
         self.requests.append(payload)
         text = self.policy(len(self.requests) - 1)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [
+            self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ]
         ids = ids[: payload["sampling_params"]["max_new_tokens"]]
         return {"output_ids": ids, "meta_info": {"output_token_logprobs": [[-0.5, i, None] for i in ids]}}
 
@@ -117,7 +122,9 @@ def test_b2f_replays_the_expert_prefix_untrained(monkeypatch, tokenizer, tasks):
 
 def test_b2f_replay_that_finishes_the_task_is_not_trained(monkeypatch, tokenizer, tasks):
     args = make_args(tcod_mode="b2f", tcod_prefix_source="expert", tcod_k_start=1, tcod_eta=100)
-    row = dict(tasks[2], metadata={**tasks[2]["metadata"], "expert_actions": tasks[2]["metadata"]["expert_actions"] * 2})
+    row = dict(
+        tasks[2], metadata={**tasks[2]["metadata"], "expert_actions": tasks[2]["metadata"]["expert_actions"] * 2}
+    )
     sample, engine = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: "noop")
     assert sample.metadata["outcome"] == "replay_finished" and not engine.requests
     assert sample.remove_sample and sample.response_length == 1 and sample.loss_mask == [0]

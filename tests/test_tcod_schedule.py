@@ -66,7 +66,7 @@ def _plan_args(*extra):
     from slime.utils.arguments import get_parser, validate_args
 
     args = get_parser().parse_args(["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate",
-                                    "--max-turns", "10", "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs",
+                                    "--max-turns", "10", "--rollout-interaction-env-path", "examples.agent_envs",
                                     "--rollout-function-path", "slime.rollout.tcod.generate_rollout", *extra])
     return validate_args(args)
 

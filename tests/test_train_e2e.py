@@ -10,7 +10,7 @@ import json
 import pytest
 
 import train
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.backends.sglang_utils.launcher import launch_engine
 from slime.utils.arguments import get_parser
 from slime.utils.metrics import read_metrics
@@ -42,7 +42,7 @@ def run(setup, name, *extra, steps=2, tcod=True):
     argv = ["--hf-checkpoint", setup["student"], "--prompt-data", str(setup["data"]),
             "--rollout-batch-size", "3", "--n-samples-per-prompt", "1", "--num-rollout", str(steps),
             "--rollout-max-response-len", "200", "--max-turn-response-len", "6", "--max-turns", "4",
-            "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs.make_env",
+            "--rollout-interaction-env-path", "examples.agent_envs.make_env",
             "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
             "--use-opd", "--lr", "1e-3", "--save", str(out), "--rollout-seed", "11", *extra]
     if tcod:

@@ -121,7 +121,7 @@ def test_port_edits_once_and_is_idempotent(tmp_path):
     assert sum(c.startswith("edit") for c in changes) == 3
     for rel in port.CONTRIBUTION_FILES:
         assert (tree / rel).read_bytes() == (ROOT / rel).read_bytes()
-    assert not (tree / "examples/multi_turn_tcod/run-tiny-tcod.sh").exists()  # runtime-only
+    assert not (tree / "scripts/run-tiny-tcod.sh").exists()  # runtime-only
     arguments = (tree / "slime/utils/arguments.py").read_text()
     ast.parse(arguments)
     lines = arguments.splitlines()

@@ -9,6 +9,7 @@ from examples.multi_turn_tcod import envs as _example_envs
 
 ENV_MODULES = {
     **_example_envs.ENV_MODULES,
+    "hanoi": "examples.agent_envs.hanoi",
     "textworld": "examples.agent_envs.textworld_env",
     "alfworld": "examples.agent_envs.alfworld_env",
     "webshop": "examples.agent_envs.webshop_env",

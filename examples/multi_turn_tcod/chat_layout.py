@@ -41,9 +41,12 @@ def prompt_messages(first_observation: str, system: str | None = None) -> list[d
 def encode_prompt(tokenizer, first_observation: str, system: str | None = None) -> list[int]:
     """Prompt ids: the chat template on the first observation, ending with the assistant header."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat_template; the multi-turn layout applies it to the first observation")
-    text = tokenizer.apply_chat_template(prompt_messages(first_observation, system), tokenize=False,
-                                         add_generation_prompt=True)
+        raise ValueError(
+            "the tokenizer has no chat_template; the multi-turn layout applies it to the first observation"
+        )
+    text = tokenizer.apply_chat_template(
+        prompt_messages(first_observation, system), tokenize=False, add_generation_prompt=True
+    )
     return _ids(tokenizer, text)
 
 

@@ -163,8 +163,9 @@ def _message_text(message) -> str:
         parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(parts) == len(content):
             return "".join(parts)
-        raise EnvironmentContractError("format_observation returned non-text content (images, ...): the "
-                                       "multi-turn TCOD loop is text-only")
+        raise EnvironmentContractError(
+            "format_observation returned non-text content (images, ...): the " "multi-turn TCOD loop is text-only"
+        )
     raise EnvironmentContractError(f"format_observation returned {type(message).__name__}, not a message dict")
 
 
@@ -197,8 +198,9 @@ class InteractionEnv:
             return observation
         if self.upstream_contract and hasattr(self.env, "format_observation"):
             return _message_text(self.env.format_observation(observation))
-        raise EnvironmentContractError(f"{method} returned an observation of type {type(observation).__name__}, "
-                                       "not text")
+        raise EnvironmentContractError(
+            f"{method} returned an observation of type {type(observation).__name__}, " "not text"
+        )
 
     def reset(self) -> str:
         out = self.env.reset()

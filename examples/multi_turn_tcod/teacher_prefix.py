@@ -34,10 +34,24 @@ from examples.multi_turn_tcod.env_adapter import close_env
 from slime.utils.types import Sample
 
 # Metadata fields the rollout and the agent loop write into a sample: not part of the task's identity.
-_VOLATILE_METADATA = frozenset((
-    "episode_plan", "prefix_turns", "prefix_source", "prefix_fallback", "teacher_episode_played", "task_reward",
-    "turn_spans", "turn_rewards", "num_turns", "turns_without_stop", "success", "outcome", "error",
-    "teacher_topk"))
+_VOLATILE_METADATA = frozenset(
+    (
+        "episode_plan",
+        "prefix_turns",
+        "prefix_source",
+        "prefix_fallback",
+        "teacher_episode_played",
+        "task_reward",
+        "turn_spans",
+        "turn_rewards",
+        "num_turns",
+        "turns_without_stop",
+        "success",
+        "outcome",
+        "error",
+        "teacher_topk",
+    )
+)
 # Per-turn seed offset of the teacher's turns, kept apart from the student's (turn + 1) offsets.
 _TEACHER_SALT = 10_000
 
@@ -49,8 +63,9 @@ def task_key(args, sample: Sample) -> str:
     the same prompt in a later epoch, are the same task and share the teacher's episode.
     """
     metadata = {k: v for k, v in (sample.metadata or {}).items() if k not in _VOLATILE_METADATA}
-    task = json.dumps({"prompt": sample.prompt, "label": sample.label, "metadata": metadata},
-                      sort_keys=True, default=str)
+    task = json.dumps(
+        {"prompt": sample.prompt, "label": sample.label, "metadata": metadata}, sort_keys=True, default=str
+    )
     return f"seed{int(getattr(args, 'rollout_seed', 0) or 0)}:{hashlib.sha256(task.encode()).hexdigest()[:32]}"
 
 

@@ -7,7 +7,7 @@ build had the student played the expert's actions (see ``examples.multi_turn_tco
 Command line (one Sample per line, ``Sample.to_dict()``)::
 
     python -m slime.rollout.expert_sft --data train.jsonl --out sft.jsonl \\
-        --env-path examples.multi_turn_tcod.envs.make_env --tokenizer tiny|HF_PATH [--system TEXT]
+        --env-path examples.agent_envs.make_env --tokenizer tiny|HF_PATH [--system TEXT]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write SFT samples from the expert trajectories of env tasks.")
     parser.add_argument("--data", required=True, help="jsonl of tasks (input, label, metadata, expert_actions)")
     parser.add_argument("--out", required=True, help="jsonl of Sample.to_dict() rows")
-    parser.add_argument("--env-path", default="examples.multi_turn_tcod.envs.make_env",
+    parser.add_argument("--env-path", default="examples.agent_envs.make_env",
                         help="as --rollout-interaction-env-path: a module with build_env(sample, args) "
                              "or a factory make_env(args, sample)")
     parser.add_argument("--tokenizer", default="tiny", help="'tiny' (the local char-level one) or an HF path")

@@ -17,6 +17,7 @@ longer than ``k_max`` (= ``--max-turns``) the official schedule eventually start
 reset with more turns to go than it is allowed to play; ours keeps the last ``k_max`` turns in reach.
 """
 
+
 def _check(step: int, k_start: int, eta: int, k_max: int) -> None:
     if step < 0:
         raise ValueError(f"TCOD step must be >= 0, got {step}")
@@ -58,8 +59,13 @@ def episode_plan(args, rollout_id: int, evaluation: bool = False) -> dict | None
     depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
     if args.tcod_mode == "f2b":
         return {"mode": "f2b", "depth": depth, "max_student_turns": depth, "step": rollout_id}
-    return {"mode": "b2f", "depth": depth, "max_student_turns": max_turns, "step": rollout_id,
-            "prefix_source": args.tcod_prefix_source}
+    return {
+        "mode": "b2f",
+        "depth": depth,
+        "max_student_turns": max_turns,
+        "step": rollout_id,
+        "prefix_source": args.tcod_prefix_source,
+    }
 
 
 def attach_plan(args, rollout_id: int, sample, evaluation: bool = False) -> None:
@@ -103,5 +109,6 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
 
     if evaluation:
         return default_generate_rollout(args, rollout_id, data_source, evaluation=True)
-    return default_generate_rollout(args, rollout_id, _PlannedDataSource(data_source, args, rollout_id),
-                                    evaluation=False)
+    return default_generate_rollout(
+        args, rollout_id, _PlannedDataSource(data_source, args, rollout_id), evaluation=False
+    )

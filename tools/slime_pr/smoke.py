@@ -252,7 +252,7 @@ def main(argv=None) -> int:
     runtime("-c", make, str(work / "student"), "3")
     runtime("-c", make, str(work / "teacher"), "11")
     data = work / "tasks.jsonl"
-    subprocess.run([sys.executable, "-m", "examples.multi_turn_tcod.envs.make_data", "--env", "gridnav", "--n", "6",
+    subprocess.run([sys.executable, "-m", "examples.agent_envs.make_data", "--env", "gridnav", "--n", "6",
                     "--seed", "0", "--size", "5", "--min-len", "3", "--max-len", "5", "--out", str(data)],
                    cwd=slime_dir, check=True, env={**os.environ, "PYTHONPATH": str(slime_dir)})
     rows = [json.loads(line) for line in data.read_text().splitlines()]
@@ -301,7 +301,7 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
               "--input-key", "input", "--label-key", "label", "--metadata-key", "metadata",
               "--rollout-max-response-len", "160", "--rollout-temperature", "1.0", "--num-rollout", "4",
               "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
-              "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs",
+              "--rollout-interaction-env-path", "examples.agent_envs",
               "--max-turns", "6", "--max-turn-response-len", "6",
               "--use-opd", "--opd-type", "sglang", "--rm-url", f"{teacher_url}/generate",
               "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",

@@ -2,30 +2,23 @@
 
     python tools/slime_pr/verify_objective.py PORTED_OR_PRISTINE_SLIME_DIR
 
-The default objective of a TCOD / OPD run is pure OPD: the reward post-process hook
-(``slime.rollout.on_policy_distillation.post_process_rewards``) hands the estimator 0.0 for every
-sample whatever the environment returned, and the teacher term ``-opd_kl_coef * (student - teacher)``
-is the whole advantage. The same multi-turn-like samples (observation tokens masked, nonzero
-environment returns in ``metadata["task_reward"]``) go through:
+Default TCOD / OPD objective: pure OPD, the post-process hook hands the estimator 0.0 per sample whatever
+the environment returned, so the advantage is the teacher term ``-opd_kl_coef * (student - teacher)``.
+The same multi-turn-like samples (observations masked, nonzero ``metadata["task_reward"]``) go through
 
-* upstream, in a subprocess importing slime only from the given tree: ``rm_hub.async_rm`` (upstream's
+* upstream, in a subprocess importing slime only from the given tree: ``rm_hub.async_rm`` (its OPD
   ``reward_func`` against a local fake teacher answering like SGLang's ``/generate``), the
-  ``RolloutManager``'s ``_convert_samples_to_train_data`` (which calls ``_post_process_rewards``) and
-  ``_split_train_data_by_dp``, the Megatron actor's ``_get_rollout_data``, then
-  ``compute_advantages_and_returns`` (with ``apply_opd_kl_to_advantages``). ray, sglang,
-  sglang_router, megatron, wandb, psutil and torch_memory_saver are stubbed (import-time references
-  only; ``megatron.core.mpu`` answers as one rank, one stage); the accelerator answers ``cpu``; the
-  Megatron log-prob forward is replaced by given "recomputed" log-probs;
-* this runtime (this repository): ``slime.rollout.rewards.assign_rewards``,
-  ``slime.ray.rollout.select_trainable`` and ``RolloutTrainer.train`` (scoring replaced by the same
-  given log-probs, the optimiser step skipped).
+  ``RolloutManager``'s ``_convert_samples_to_train_data`` and ``_split_train_data_by_dp``, the Megatron
+  actor's ``_get_rollout_data``, ``compute_advantages_and_returns``. ``STUBBED_PACKAGES`` are stubbed
+  for import-time references (``megatron.core.mpu``: one rank, one stage), the accelerator answers
+  ``cpu``, and given "recomputed" log-probs stand in for the Megatron log-prob forward;
+* this runtime: ``assign_rewards``, ``select_trainable``, ``RolloutTrainer.train`` (scoring given, the
+  optimiser step skipped).
 
-Checked per case (grpo, n_samples_per_prompt 1 and 4, student log-probs from the rollout or
-recomputed): the rewards the hook returns (all 0), the teacher log-probs, the advantages of every
-response token and the OPD reverse KL kept for logging, to 1e-6; the teacher requests of both sides
-are identical. Negative control: upstream with a hook that returns the environment's return (what the
-old port did) must give different advantages. Lines starting ``INFO`` are reported, not checked.
-Exits 1 on any failed check.
+Checked per case (grpo; n_samples_per_prompt 1 and 4; student log-probs from the rollout or recomputed),
+to 1e-6: the hook's rewards (0), teacher log-probs, advantages of every response token, the OPD reverse KL
+kept for logging; and identical teacher requests. Negative control: upstream with a hook returning the
+environment's return (the old port) must differ. ``INFO`` lines are not checked. Exits 1 on a failure.
 """
 
 from __future__ import annotations
@@ -378,7 +371,6 @@ def upstream_side(tree: Path, spec: dict) -> dict:
         raise SystemExit(f"upstream side imported slime modules from outside {tree}: {foreign}")
     accelerator.current_device = lambda: "cpu"  # no accelerator on this machine
     _install_task_reward_hook(opd)
-    stubs_after_import = list(_StubModule.used)
     _StubModule.used.clear()
     out = {"cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -393,7 +385,6 @@ def upstream_side(tree: Path, spec: dict) -> dict:
         dist.destroy_process_group()
     out["stubbed_modules"] = sorted(n for n in sys.modules if n.split(".")[0] in STUBBED_PACKAGES)
     out["stubs_called"] = sorted(set(_StubModule.used))
-    out["stubs_called_at_import"] = sorted(set(stubs_after_import))
     return out
 
 

@@ -85,8 +85,9 @@ class GridNavEnv(PuzzleEnv):
         plan = []
         while self.dist[state] > 0:
             # First neighbour (in MOVES order) one step closer to the goal: a shortest path.
-            move, state = next((m, c) for m, c in self._neighbours(state).items()
-                               if self.dist.get(c, -1) == self.dist[state] - 1)
+            move, state = next(
+                (m, c) for m, c in self._neighbours(state).items() if self.dist.get(c, -1) == self.dist[state] - 1
+            )
             plan.append(move)
         return plan
 
@@ -100,8 +101,10 @@ class GridNavEnv(PuzzleEnv):
         if self.walls:
             lines.append("Map (# wall, S start, G goal):")
             for y in range(self.size):
-                row = "".join("#" if (x, y) in self.walls else "S" if (x, y) == state
-                              else "G" if (x, y) == self.goal else "." for x in range(self.size))
+                row = "".join(
+                    "#" if (x, y) in self.walls else "S" if (x, y) == state else "G" if (x, y) == self.goal else "."
+                    for x in range(self.size)
+                )
                 lines.append(row)
         lines.append(self._observe(state))
         return "\n".join(lines)

@@ -25,22 +25,42 @@ from . import ENV_MODULES, env_module
 
 # Command-line options forwarded to task_metadata(seed, params) of the chosen environment.
 PARAM_OPTIONS = {
-    "size": int, "walls": float, "disks": int, "start": str, "min_dist": int, "max_dist": int,
-    "max_steps": int, "shaping": float, "task": str, "simplification": str,
-    "rooms": int, "objects": int, "quest_length": int,
+    "size": int,
+    "walls": float,
+    "disks": int,
+    "start": str,
+    "min_dist": int,
+    "max_dist": int,
+    "max_steps": int,
+    "shaping": float,
+    "task": str,
+    "simplification": str,
+    "rooms": int,
+    "objects": int,
+    "quest_length": int,
 }
 
 
-def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_len=None, max_tries=None,
-              modules: dict = ENV_MODULES):
+def task_rows(
+    env: str,
+    n: int,
+    seed: int,
+    params: dict,
+    min_len: int = 1,
+    max_len=None,
+    max_tries=None,
+    modules: dict = ENV_MODULES,
+):
     """Yield ``n`` data rows of ``env`` tasks whose expert length lies in ``[min_len, max_len]``."""
     module = env_module(env, modules)
     max_tries = max_tries or 50 * n + 100
     made, tried = 0, 0
     while made < n:
         if tried >= max_tries:
-            raise ValueError(f"{env}: only {made} of {n} tasks with expert length in [{min_len}, {max_len}] "
-                             f"after {tried} seeds; widen --min-len/--max-len or change the task size")
+            raise ValueError(
+                f"{env}: only {made} of {n} tasks with expert length in [{min_len}, {max_len}] "
+                f"after {tried} seeds; widen --min-len/--max-len or change the task size"
+            )
         metadata = module.task_metadata(seed + tried, params)
         tried += 1
         environment = module.make_env(None, {"metadata": metadata})
@@ -53,8 +73,12 @@ def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_l
             continue
         label = json.dumps(metadata, sort_keys=True)
         # The actions go into metadata too: upstream slime's Dataset keeps only the metadata column.
-        yield {"input": first_observation, "label": label,
-               "metadata": {**metadata, "expert_actions": actions}, "expert_actions": actions}
+        yield {
+            "input": first_observation,
+            "label": label,
+            "metadata": {**metadata, "expert_actions": actions},
+            "expert_actions": actions,
+        }
         made += 1
 
 
@@ -82,8 +106,11 @@ def main(argv=None, modules: dict = ENV_MODULES) -> int:
             handle.write(json.dumps(row) + "\n")
             lengths.append(len(row["expert_actions"]))
     tmp.replace(out)  # write then rename: an interrupted run leaves no half file
-    print(f"wrote {len(lengths)} {args.env} tasks to {out}: expert length min {min(lengths)} "
-          f"mean {sum(lengths) / len(lengths):.1f} max {max(lengths)}", file=sys.stderr)
+    print(
+        f"wrote {len(lengths)} {args.env} tasks to {out}: expert length min {min(lengths)} "
+        f"mean {sum(lengths) / len(lengths):.1f} max {max(lengths)}",
+        file=sys.stderr,
+    )
     return 0
 
 

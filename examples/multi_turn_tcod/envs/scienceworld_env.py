@@ -36,17 +36,22 @@ def _start_server():
     try:
         from scienceworld import ScienceWorldEnv
     except ImportError as err:
-        raise ScienceWorldError("ScienceWorld is not installed: pip install scienceworld (or the project's "
-                                "[envs] extra); it also needs Java 17+ on PATH") from err
+        raise ScienceWorldError(
+            "ScienceWorld is not installed: pip install scienceworld (or the project's "
+            "[envs] extra); it also needs Java 17+ on PATH"
+        ) from err
     try:
         return ScienceWorldEnv("", envStepLimit=100)
     except Exception as err:
-        raise ScienceWorldError(f"could not start ScienceWorld's Java server ({type(err).__name__}: {err}); "
-                                "check that Java 17+ is installed (`java -version`)") from err
+        raise ScienceWorldError(
+            f"could not start ScienceWorld's Java server ({type(err).__name__}: {err}); "
+            "check that Java 17+ is installed (`java -version`)"
+        ) from err
 
 
-SERVERS = ResourcePool(_start_server, lambda server: server.close(),
-                       max_idle=int(os.environ.get("SCIENCEWORLD_POOL_SIZE", "8")))
+SERVERS = ResourcePool(
+    _start_server, lambda server: server.close(), max_idle=int(os.environ.get("SCIENCEWORLD_POOL_SIZE", "8"))
+)
 
 
 class ScienceWorldTextEnv:
@@ -97,8 +102,12 @@ class ScienceWorldTextEnv:
         score = int(info["score"])
         reward = (score - self._score) / 100.0
         self._score = score
-        info = {"score": score, "moves": info.get("moves"), "success": score >= 100,
-                "invalid_action": observation.strip() == NO_MATCH}
+        info = {
+            "score": score,
+            "moves": info.get("moves"),
+            "success": score >= 100,
+            "invalid_action": observation.strip() == NO_MATCH,
+        }
         return observation.strip(), reward, bool(completed), info
 
     def expert_actions(self) -> list[str] | None:

@@ -1,6 +1,6 @@
 """Table and plot comparing training runs from their ``metrics.jsonl`` files (the CPU demo's last step).
 
-    python -m examples.multi_turn_tcod.report --run "vanilla OPD" OUT/opd/metrics.jsonl \\
+    python -m scripts.tcod_report --run "vanilla OPD" OUT/opd/metrics.jsonl \\
         --run "TCOD-F2B" OUT/f2b/metrics.jsonl --run "TCOD-B2F" OUT/b2f/metrics.jsonl \\
         [--teacher-success 0.9] --png OUT/tcod.png --md OUT/table.md
 

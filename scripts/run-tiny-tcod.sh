@@ -7,15 +7,15 @@
 #      server, --opd-type sglang, as in run-qwen3-8B-tcod.sh), same steps, seeds and batch, in the
 #      regime measured to work (docs/en/advanced/opd-regimes.md): one optimizer step per rollout and
 #      --opd-loss full (the reverse KL over the teacher's top-20 tokens, not one sampled token)
-#   4. table + plot (examples/multi_turn_tcod/report.py) under OUT_DIR
+#   4. table + plot (scripts/tcod_report.py) under OUT_DIR
 # Environment: PYTHON (default python3), OUT_DIR (default outputs/tiny-tcod), STEPS, TEACHER_STEPS,
 # STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full | sampled), EVAL_N, TRAIN_BACKEND (fsdp |
 # megatron: the same runs on the Megatron-core trainer). Evaluation is at the
 # rollout temperature 1.0, the distribution OPD matches (why: docs/en/advanced/opd-regimes.md).
-# Measured time: examples/multi_turn_tcod/README.md.
+# Measured time: docs/en/demo.md.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_DIR="$(cd "${SCRIPT_DIR}/../.." && pwd)"
+REPO_DIR="$(cd "${SCRIPT_DIR}/.." && pwd)"
 cd "${REPO_DIR}"
 PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT_DIR:-outputs/tiny-tcod}"
@@ -55,14 +55,14 @@ phase "1/5 tiny tokenizer + model init, gridnav tasks"
 # Paths of 4..8 moves under a 10-turn limit: every episode has room to recover from a wrong move.
 GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
 # Disjoint seed ranges: eval tasks are never trained on.
-"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
-"${PYTHON}" -m examples.multi_turn_tcod.envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 \
+"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
+"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 \
   --out "${OUT_DIR}/eval.jsonl"
 
 COMMON=(
   --train-backend "${TRAIN_BACKEND}"
   --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
-  --rollout-interaction-env-path examples.multi_turn_tcod.envs.make_env
+  --rollout-interaction-env-path examples.agent_envs.make_env
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
   --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
   --eval-prompt-data gridnav "${OUT_DIR}/eval.jsonl" --eval-temperature 1.0
@@ -125,7 +125,7 @@ done
 
 # ---------------------------------------------------------------- 5. report
 phase "5/5 table and plot"
-"${PYTHON}" -m examples.multi_turn_tcod.report \
+"${PYTHON}" -m scripts.tcod_report \
   --run "vanilla OPD" "${OUT_DIR}/opd/metrics.jsonl" --run "TCOD-F2B" "${OUT_DIR}/f2b/metrics.jsonl" \
   --run "TCOD-B2F" "${OUT_DIR}/b2f/metrics.jsonl" --teacher-success "${TEACHER_SUCCESS}" \
   --start-eval "${STUDENT_SUCCESS}" \

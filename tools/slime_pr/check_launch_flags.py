@@ -1,0 +1,478 @@
+"""Check with upstream slime's own parsers every flag the PR's launch script and GPU e2e test hand train.py.
+
+    python tools/slime_pr/check_launch_flags.py PORTED_SLIME_DIR --megatron-dir DIR [--sglang-server-args WHEEL]
+
+Upstream parses with ``parse_known_args``: a misspelt or removed flag is dropped without a word, so a
+launch line can look right and do something else. On CPU, for each launch (the script in both TCOD modes
+on both environments, the test in its four runs) this
+
+(a) takes the argument list: the script runs with stand-ins for ``python3``, ``ray``, ``curl``,
+    ``nvidia-smi`` and ``sleep`` on PATH that record their argv; the test runs with ``U.execute_train``
+    recording ``train_args`` (plus the ``MODEL_ARGS`` it would source);
+(b) reports every ``--flag`` that none of the parsers upstream's ``parse_args`` builds defines (Megatron-LM's
+    ``add_megatron_arguments``, slime's ``get_slime_extra_args_provider`` groups, the ``--sglang-*``
+    passthrough of SGLang's ``ServerArgs``, the pre-parse flags), and flags given twice;
+(c) runs upstream's ``slime.utils.arguments.parse_args`` on it, so ``slime_validate_args`` (with the
+    ``--custom-config-path`` YAML) and the Megatron and SGLang validations run; checkpoint paths that
+    upstream requires to exist and that are absent here are swapped for empty temp dirs;
+(d) imports every dotted plugin path of the parsed arguments with upstream's ``load_function``, and the
+    ``rollout_interaction_env_path`` module (it must expose ``build_env``).
+
+One line per problem, exit 1 on any. No network at run time:
+
+* DIR: Megatron-LM at upstream's ``ARG MEGATRON_COMMIT`` (docker/Dockerfile) with upstream's patch::
+
+      git -C <Megatron-LM git dir> archive 1dcf0dafa884ad52ffb243625717a3471643e087 megatron | tar -x -C DIR
+      (cd DIR && git apply -p1 PORTED_SLIME_DIR/docker/patch/latest/megatron.patch)
+
+  It imports on CPU with ``six`` installed; ``triton`` is stood in for here.
+* WHEEL: ``pip download --no-deps sglang==0.5.15.post1`` (the SGLang of upstream's image tag; its
+  ``sglang/srt/server_args.py`` is read, never imported), or that file itself. Without it only the
+  ``--sglang-*`` flags in ``SGLANG_FALLBACK`` are known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import traceback
+import types
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCRIPT = "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"
+E2E_TEST = "tests/test_qwen3_0.6B_tcod.py"
+SCRIPT_RUNS = [{"TCOD_MODE": m, "TASK_ENV": e} for m in ("f2b", "b2f") for e in ("scienceworld", "gridnav")]
+TEST_RUNS = [(m, o) for m in ("f2b", "b2f") for o in ("sglang", "megatron")]
+# Checkpoint flags whose path upstream's validation requires to exist.
+MUST_EXIST = ("--ref-load", "--opd-teacher-load")
+# ServerArgs fields the launches use, as SGLang 0.5.15.post1 declares them (kind, default), for runs without
+# the wheel; pp/dp size and dp attention are read by upstream's sglang validate_args.
+SGLANG_FALLBACK = {
+    "mem_fraction_static": ("float", None),
+    "cuda_graph_max_bs": ("int", None),
+    "enable_metrics": ("bool", False),
+    "pp_size": ("int", 1),
+    "dp_size": ("int", 1),
+    "enable_dp_attention": ("bool", False),
+}
+DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+# Stand-ins that record their argv (one NUL-separated file per call: cwd, name, args...).
+_RECORD = 'f=$(mktemp "$CAPTURE_DIR/call.XXXXXX"); printf "%s\\0" "$PWD" "$(basename "$0")" "$@" > "$f"\n'
+STUBS = {
+    "python3": _RECORD,
+    "ray": _RECORD,
+    "curl": _RECORD + "echo '{}'\n",
+    "nvidia-smi": "exit 1\n",
+    "sleep": "exit 0\n",
+}
+
+
+@dataclass
+class Launch:
+    name: str
+    argv: list[str]
+    cwd: str
+    problems: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- (a) argument lists
+def _flags(argv: list[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+
+
+def script_launches(slime_dir: Path) -> list[Launch]:
+    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE x TASK_ENV."""
+    launches = []
+    for run in SCRIPT_RUNS:
+        name = f"{SCRIPT} " + " ".join(f"{k}={v}" for k, v in run.items())
+        with tempfile.TemporaryDirectory() as tmp:
+            stub_dir, capture = Path(tmp, "bin"), Path(tmp, "calls")
+            stub_dir.mkdir()
+            capture.mkdir()
+            for stub, body in STUBS.items():
+                (stub_dir / stub).write_text("#!/bin/sh\n" + body)
+                (stub_dir / stub).chmod(0o755)
+            env = {**os.environ, **run, "PATH": f"{stub_dir}:{os.environ['PATH']}", "CAPTURE_DIR": str(capture)}
+            env["SAVE"] = str(Path(tmp, "save"))  # the gridnav YAML is written there
+            proc = subprocess.run(
+                ["bash", str(slime_dir / SCRIPT)], env=env, capture_output=True, text=True, timeout=120
+            )
+            calls = [p.read_bytes().decode().split("\0")[:-1] for p in capture.iterdir()]
+            submits = [c for c in calls if c[1] == "ray" and c[2:4] == ["job", "submit"]]
+            launch = Launch(name, [], str(slime_dir))
+            if proc.returncode != 0:
+                launch.problems.append(f"the script exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+            if len(submits) != 1:
+                launch.problems.append(f"expected one `ray job submit`, saw {len(submits)}")
+            else:
+                cwd, _, *args = submits[0]
+                launch.cwd = cwd
+                job = args[args.index("--") + 1 :] if "--" in args else []
+                if job[:2] != ["python3", "train.py"]:
+                    launch.problems.append(f"the job is not `python3 train.py ...`: {job[:2]}")
+                launch.argv = job[2:]
+                launch.problems += _runtime_env_problems(args)
+            if not any(c[1] == "python3" and c[2:4] == ["-m", "sglang.launch_server"] for c in calls):
+                launch.problems.append("no teacher server was launched (python3 -m sglang.launch_server)")
+            # Copy the YAML out of the temp dir before it goes: validation reads it later.
+            launch.argv = _keep_temp_files(launch.argv, Path(tmp))
+        launches.append(launch)
+    return launches
+
+
+def _runtime_env_problems(ray_args: list[str]) -> list[str]:
+    for i, arg in enumerate(ray_args):
+        if arg.startswith("--runtime-env-json"):
+            text = arg.split("=", 1)[1] if "=" in arg else ray_args[i + 1]
+            try:
+                json.loads(text)
+            except ValueError as err:
+                return [f"--runtime-env-json is not JSON ({err}): {text!r}"]
+    return []
+
+
+def _keep_temp_files(argv: list[str], tmp: Path) -> list[str]:
+    out = []
+    for arg in argv:
+        if arg.startswith(str(tmp)) and Path(arg).is_file():
+            fd, kept = tempfile.mkstemp(suffix=Path(arg).suffix, prefix="check_launch_flags_")
+            os.write(fd, Path(arg).read_bytes())
+            os.close(fd)
+            arg = kept
+        out.append(arg)
+    return out
+
+
+def _model_args(slime_dir: Path, model_type: str | None) -> list[str]:
+    """``MODEL_ARGS`` of upstream's scripts/models/<type>.sh, as execute_train's ``source`` expands it."""
+    if model_type is None:
+        return []
+    script = slime_dir / "scripts" / "models" / f"{model_type}.sh"
+    out = subprocess.run(
+        ["bash", "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "_", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split("\0")[:-1]
+
+
+class _Captured(Exception):
+    pass
+
+
+def test_launches(slime_dir: Path) -> list[Launch]:
+    """The e2e test's four runs, with ``U.execute_train`` recording instead of launching."""
+    import slime.utils.external_utils.command_utils as U
+
+    spec = importlib.util.spec_from_file_location("_tcod_e2e_test", slime_dir / E2E_TEST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    launches = []
+    saved_env = dict(os.environ)
+    saved = U.execute_train, U.exec_command
+    try:
+        for tcod_mode, opd_type in TEST_RUNS:
+            name = f"{E2E_TEST} --tcod-mode {tcod_mode} --opd-type {opd_type}"
+            seen = {}
+
+            def record(train_args, num_gpus_per_node, megatron_model_type, **kwargs):
+                seen.update(train_args=train_args, model_type=megatron_model_type, **kwargs)
+                raise _Captured
+
+            U.execute_train, U.exec_command = record, lambda *a, **k: ""
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(getattr(module, "NUM_GPUS", 8))))
+            launch = Launch(name, [], str(slime_dir))
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # the test's own progress prints
+                    module.execute(tcod_mode, opd_type)
+                launch.problems.append("execute() returned without calling U.execute_train")
+            except _Captured:
+                launch.argv = _model_args(slime_dir, seen["model_type"]) + shlex.split(seen["train_args"])
+                if (opd_type == "sglang") != (seen.get("before_ray_job_submit") is not None):
+                    launch.problems.append("the teacher server is launched iff --opd-type sglang: it is not so")
+            launches.append(launch)
+    finally:
+        U.execute_train, U.exec_command = saved
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return launches
+
+
+# --------------------------------------------------------------------------- upstream, importable on CPU
+class _Anything(types.ModuleType):
+    """A module whose every attribute is a decorator-friendly no-op (stands in for triton, wandb)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: a[0] if len(a) == 1 and callable(a[0]) and not k else (lambda f: f)
+
+
+def _stand_in(name: str, **attrs) -> types.ModuleType:
+    module = _Anything(name)
+    module.__path__ = []
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def server_args_specs(source: str) -> dict[str, dict]:
+    """ServerArgs' CLI flags read from sglang/srt/server_args.py by AST: {dest: {names, kind, default}}.
+
+    Mirrors ``add_cli_args_from_dataclass`` (annotated fields) plus the explicit ``parser.add_argument``
+    calls of ``add_cli_args``; ``kind`` is bool (no value), list (one or more) or a scalar type name.
+    """
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+    specs = {}
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        ann = node.annotation
+        if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "A"):
+            continue
+        inner, meta = ann.slice.elts[0], ann.slice.elts[1]
+        arg = {k.arg: k.value for k in meta.keywords} if isinstance(meta, ast.Call) else {}
+        if isinstance(arg.get("no_cli"), ast.Constant) and arg["no_cli"].value:
+            continue
+        field_name = node.target.id
+        cli = arg["cli_name"].value if "cli_name" in arg else "--" + field_name.replace("_", "-")
+        names = [cli] + ([e.value for e in arg["aliases"].elts] if "aliases" in arg else [])
+        default = node.value.value if isinstance(node.value, ast.Constant) else None
+        if "action" in arg:
+            kind = "bool" if "true" in ast.unparse(arg["action"]).lower() else "str"
+        else:
+            kind = _annotation_kind(inner)
+        dest = field_name if field_name != cli.lstrip("-").replace("-", "_") else None
+        specs[field_name] = {"names": names, "kind": kind, "default": default, "dest": dest}
+    add_cli = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args")
+    for call in ast.walk(add_cli):
+        if not (isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument"):
+            continue
+        names = [a.value for a in call.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")]
+        kw = {k.arg: k.value for k in call.keywords}
+        action = ast.unparse(kw["action"]) if "action" in kw else ""
+        no_value = "true" in action.lower() or "const" in action.lower() or action == "DeprecatedAction"
+        kind = "bool" if no_value else ("list" if "nargs" in kw else ast.unparse(kw.get("type", ast.Name("str"))))
+        dest = kw["dest"].value if isinstance(kw.get("dest"), ast.Constant) else None
+        specs[dest or names[0].lstrip("-").replace("-", "_")] = {
+            "names": names, "kind": kind, "default": None, "dest": dest,
+        }
+    return specs
+
+
+def _annotation_kind(node) -> str:
+    text = ast.unparse(node)
+    if re.fullmatch(r"(Optional\[)?bool\]?", text):
+        return "bool"
+    if re.search(r"\b(List|list)\[", text):
+        return "list"
+    for kind in ("int", "float"):
+        if re.fullmatch(rf"(Optional\[)?{kind}\]?", text):
+            return kind
+    return "str"
+
+
+def _sglang_stand_in(specs: dict[str, dict]) -> None:
+    """``sglang.srt.server_args.ServerArgs`` and ``sglang_router`` stand-ins for upstream's imports."""
+    types_ = {"int": int, "float": float}
+
+    def add_cli_args(parser):
+        for spec in specs.values():
+            kwargs = {"dest": spec["dest"]} if spec["dest"] else {}
+            if spec["kind"] == "bool":
+                kwargs.update(action="store_true", default=bool(spec["default"]))
+            else:
+                kwargs.update(type=types_.get(spec["kind"], str), default=spec["default"])
+                if spec["kind"] == "list":
+                    kwargs["nargs"] = "+"
+            parser.add_argument(*spec["names"], **kwargs)
+
+    server_args = type("ServerArgs", (), {"add_cli_args": staticmethod(add_cli_args)})
+    router_args = type("RouterArgs", (), {"add_cli_args": staticmethod(lambda parser, **kwargs: parser)})
+    for name in ("sglang", "sglang.srt"):
+        _stand_in(name)
+    _stand_in("sglang.srt.server_args", ServerArgs=server_args)
+    _stand_in("sglang_router")
+    _stand_in("sglang_router.launch_router", RouterArgs=router_args)
+
+
+def read_server_args(path: Path | None) -> dict[str, dict]:
+    if path is None:
+        return {
+            f: {"names": ["--" + f.replace("_", "-")], "kind": k, "default": d, "dest": None}
+            for f, (k, d) in SGLANG_FALLBACK.items()
+        }
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as wheel:
+            return server_args_specs(wheel.read("sglang/srt/server_args.py").decode())
+    return server_args_specs(path.read_text())
+
+
+def import_upstream(slime_dir: Path, megatron_dir: Path, sglang_specs: dict[str, dict]):
+    """Make the ported tree's slime and the pinned Megatron-LM importable here; returns slime.utils.arguments."""
+    for name in [m for m in sys.modules if m == "slime" or m.startswith(("slime.", "megatron.", "examples."))]:
+        del sys.modules[name]
+    for name in ("slime", "megatron", "examples"):
+        sys.modules.pop(name, None)
+    sys.path[:0] = [str(slime_dir), str(megatron_dir)]
+    import torch
+
+    torch.compile(lambda x: x)  # let torch find out it has no triton before the stand-in appears
+    _stand_in("triton", __version__="3.4.0", language=_stand_in("triton.language"))
+    if importlib.util.find_spec("wandb") is None:
+        _stand_in("wandb")
+    _sglang_stand_in(sglang_specs)
+    arguments = importlib.import_module("slime.utils.arguments")
+    if not arguments.__file__.startswith(str(slime_dir)):
+        raise RuntimeError(f"slime was imported from {arguments.__file__}, not from {slime_dir}")
+    return arguments
+
+
+# --------------------------------------------------------------------------- (b), (c), (d)
+def known_flags(arguments) -> dict[str, str]:
+    """Every option string of the megatron+slime parser and the sglang one -> which defines it."""
+    from megatron.training.arguments import add_megatron_arguments
+
+    from slime.backends.sglang_utils.arguments import add_sglang_arguments
+
+    megatron = argparse.ArgumentParser(allow_abbrev=False)
+    add_megatron_arguments(megatron)
+    megatron_flags = {o for a in megatron._actions for o in a.option_strings}
+    arguments.get_slime_extra_args_provider()(megatron)
+    sglang = argparse.ArgumentParser(add_help=False)
+    add_sglang_arguments(sglang)
+    known = {o: "sglang" for a in sglang._actions for o in a.option_strings}
+    known |= {o: "megatron" if o in megatron_flags else "slime" for a in megatron._actions for o in a.option_strings}
+    return known
+
+
+def parse_upstream(arguments, launch: Launch, tmp: Path) -> tuple[argparse.Namespace | None, set[str]]:
+    """Upstream's own parse_args on the launch; returns (args or None, option strings of every parser built)."""
+    import slime.backends.megatron_utils.arguments as megatron_arguments
+
+    argv = list(launch.argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg in MUST_EXIST and not os.path.exists(argv[i + 1]):
+            argv[i + 1] = tempfile.mkdtemp(prefix=arg.strip("-") + "_", dir=tmp)
+    hf = argv[argv.index("--hf-checkpoint") + 1] if "--hf-checkpoint" in argv[:-1] else None
+    skip_hf = hf is None or not Path(hf, "config.json").exists()  # the model config check needs the model
+    seen_parsers = set()
+    parse_known = argparse.ArgumentParser.parse_known_args
+
+    def recording_parse_known(self, *a, **k):
+        seen_parsers.update(o for action in self._actions for o in action.option_strings)
+        return parse_known(self, *a, **k)
+
+    real_megatron_parse = megatron_arguments.megatron_parse_args
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    out = io.StringIO()
+    try:
+        sys.argv = ["train.py", *argv]
+        os.chdir(launch.cwd)
+        argparse.ArgumentParser.parse_known_args = recording_parse_known
+        megatron_arguments.megatron_parse_args = lambda extra_args_provider, skip_hf_validate=False: (
+            real_megatron_parse(extra_args_provider, skip_hf_validate=skip_hf_validate or skip_hf)
+        )
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            return arguments.parse_args(), seen_parsers
+    except SystemExit:
+        launch.problems.append(f"upstream's argparse refused the arguments: {out.getvalue().strip()[-400:]}")
+    except Exception as err:  # any validation failure is the finding
+        frames = traceback.extract_tb(err.__traceback__)
+        where = next((f for f in reversed(frames) if "site-packages" not in f.filename), frames[-1])
+        launch.problems.append(
+            f"upstream's parse_args/validation failed: {type(err).__name__}: {err} "
+            f"({Path(where.filename).name}:{where.lineno})"
+        )
+    finally:
+        argparse.ArgumentParser.parse_known_args = parse_known
+        megatron_arguments.megatron_parse_args = real_megatron_parse
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    return None, seen_parsers
+
+
+def plugin_problems(args: argparse.Namespace) -> list[str]:
+    from slime.utils.misc import load_function
+
+    problems = []
+    for dest, value in sorted(vars(args).items()):
+        if not (dest.endswith("_path") and isinstance(value, str) and DOTTED.match(value)):
+            continue
+        try:
+            if dest == "rollout_interaction_env_path":
+                if not callable(getattr(importlib.import_module(value), "build_env", None)):
+                    problems.append(f"{dest}={value}: the module has no build_env(sample, args)")
+            elif not callable(load_function(value)):
+                problems.append(f"{dest}={value}: not callable")
+        except Exception as err:
+            problems.append(f"{dest}={value} does not import: {type(err).__name__}: {err}")
+    return problems
+
+
+def check(launch: Launch, arguments, known: dict[str, str], tmp: Path) -> dict[str, int]:
+    """Fill launch.problems; returns how many of its flags each parser defines."""
+    args, built = parse_upstream(arguments, launch, tmp)
+    flags, counts = _flags(launch.argv), {}
+    for flag in dict.fromkeys(flags):
+        source = known.get(flag) or ("pre-parse" if flag in built else None)
+        if source is None:
+            launch.problems.append(f"{flag}: no upstream parser defines it (upstream would drop it silently)")
+        else:
+            counts[source] = counts.get(source, 0) + 1
+        if flags.count(flag) > 1:
+            launch.problems.append(f"{flag}: given {flags.count(flag)} times (the last one wins)")
+    if args is not None:
+        launch.problems += plugin_problems(args)
+    return counts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("slime_dir", type=Path, help="upstream slime tree after tools/slime_pr/port.py")
+    parser.add_argument("--megatron-dir", type=Path, required=True, help="Megatron-LM at MEGATRON_COMMIT, patched")
+    parser.add_argument("--sglang-server-args", type=Path, default=None, help="sglang wheel or server_args.py")
+    opts = parser.parse_args(argv)
+    slime_dir, megatron_dir = opts.slime_dir.resolve(), opts.megatron_dir.resolve()
+    for path in (slime_dir / SCRIPT, slime_dir / E2E_TEST, megatron_dir / "megatron" / "training" / "arguments.py"):
+        if not path.exists():
+            print(f"missing: {path}")
+            return 1
+    if opts.sglang_server_args is None:
+        print(f"note: no --sglang-server-args; only these --sglang-* fields are known: {sorted(SGLANG_FALLBACK)}")
+
+    launches = script_launches(slime_dir)  # before the import: it runs bash only
+    arguments = import_upstream(slime_dir, megatron_dir, read_server_args(opts.sglang_server_args))
+    launches += test_launches(slime_dir)
+    known = known_flags(arguments)
+    n_problems = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for launch in launches:
+            counts = check(launch, arguments, known, Path(tmp)) if launch.argv else {}
+            summary = ", ".join(f"{n} {source}" for source, n in sorted(counts.items()))
+            print(f"{launch.name}: {len(launch.argv)} args, {len(set(_flags(launch.argv)))} flags ({summary})")
+            for problem in launch.problems:
+                print(f"  PROBLEM {launch.name}: {problem}")
+            n_problems += len(launch.problems)
+    print(f"{len(launches)} launches, {n_problems} problems")
+    return 1 if n_problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
