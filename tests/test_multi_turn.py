@@ -10,7 +10,7 @@ from _engine_helpers import start_hf_engine
 from examples.agent_envs import make_env
 from slime.ray.rollout import TooManyFailures, select_trainable
 from examples.multi_turn_tcod.chat_layout import decode_action, encode_observation
-from examples.multi_turn_tcod import teacher_prefix
+from slime.rollout import teacher_prefix
 from examples.multi_turn_tcod.rollout import generate
 from slime.rollout.on_policy_distillation import teacher_payload
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed

@@ -74,7 +74,7 @@ def _launch_teacher_server(teacher_gpu: str):
             "0.0.0.0",
             "--port",
             str(TEACHER_PORT),
-            "--tp",
+            "--tp-size",
             "1",
             "--mem-fraction-static",
             "0.6",

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from slime.rollout.tcod import _PlannedDataSource, b2f_prefix_length, curriculum_depth, episode_plan
+from slime.rollout.tcod import PlannedDataSource, b2f_prefix_length, curriculum_depth, episode_plan
 from slime.utils.arguments import add_tcod_arguments, validate_tcod_args
 from slime.utils.types import Sample
 
@@ -61,15 +61,15 @@ def test_data_source_attaches_the_step_plan_to_every_sample():
 
     args = make_args(["--use-tcod", "--tcod-eta", "2"])
     validate_tcod_args(args)
-    groups = _PlannedDataSource(Source(), args, rollout_id=5).get_samples(3)
+    groups = PlannedDataSource(Source(), args, rollout_id=5).get_samples(3)
     assert [g[0].metadata["episode_plan"]["depth"] for g in groups] == [3, 3, 3]
-    assert _PlannedDataSource(Source(), args, 5).save(5) == "saved 5"  # everything else reaches the real source
+    assert PlannedDataSource(Source(), args, 5).save(5) == "saved 5"  # everything else reaches the real source
 
 
 def test_validation_fills_defaults():
     args = make_args(["--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "5"])
     validate_tcod_args(args)
-    assert (args.tcod_k_start, args.tcod_k_max, args.tcod_prefix_source) == (1, 10, "expert")
+    assert (args.tcod_mode, args.tcod_k_start, args.tcod_k_max) == ("b2f", 1, 10)
 
 
 def test_validation_does_nothing_without_tcod_flags():
@@ -90,12 +90,6 @@ def test_validation_does_nothing_without_tcod_flags():
         (["--use-tcod", "--tcod-eta", "3", "--tcod-k-start", "0"], {}, "--tcod-k-start"),
         (["--use-tcod", "--tcod-eta", "3", "--tcod-k-start", "12"], {}, "max_turns (the default --tcod-k-max)"),
         (["--use-tcod", "--tcod-eta", "3", "--tcod-k-max", "11"], {}, "--tcod-k-max"),
-        (["--use-tcod", "--tcod-eta", "3", "--tcod-prefix-source", "expert"], {}, "--tcod-prefix-source"),
-        (
-            ["--use-tcod", "--tcod-eta", "3", "--tcod-mode", "b2f", "--tcod-prefix-source", "teacher"],
-            {"opd_type": "megatron"},
-            "--opd-type sglang",
-        ),
     ],
 )
 def test_validation_rejects_and_names_the_flag(argv, extra, flag):

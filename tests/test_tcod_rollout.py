@@ -70,7 +70,6 @@ def make_args(**overrides):
         tcod_k_start=1,
         tcod_eta=2,
         tcod_k_max=8,
-        tcod_prefix_source=None,
     )
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -111,7 +110,7 @@ def test_f2b_plays_exactly_the_step_depth(monkeypatch, tokenizer, tasks):
 def test_b2f_replays_the_expert_prefix_untrained(monkeypatch, tokenizer, tasks):
     row = tasks[1]
     expert = row["metadata"]["expert_actions"]
-    args = make_args(tcod_mode="b2f", tcod_prefix_source="expert")
+    args = make_args(tcod_mode="b2f")
     nxt = iter(expert[len(expert) - 2 :])  # the student finishes the path from where the replay left it
     sample, engine = play(monkeypatch, tokenizer, args, row, step=2, policy=lambda i: next(nxt))
     assert sample.metadata["prefix_turns"] == len(expert) - 2  # L - k(2)
@@ -121,7 +120,7 @@ def test_b2f_replays_the_expert_prefix_untrained(monkeypatch, tokenizer, tasks):
 
 
 def test_b2f_replay_that_finishes_the_task_is_not_trained(monkeypatch, tokenizer, tasks):
-    args = make_args(tcod_mode="b2f", tcod_prefix_source="expert", tcod_k_start=1, tcod_eta=100)
+    args = make_args(tcod_mode="b2f", tcod_k_start=1, tcod_eta=100)
     row = dict(
         tasks[2], metadata={**tasks[2]["metadata"], "expert_actions": tasks[2]["metadata"]["expert_actions"] * 2}
     )

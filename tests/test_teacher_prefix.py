@@ -12,7 +12,7 @@ import scripted_env
 from _engine_helpers import start_hf_engine
 from test_checkpoint_integrity import StubData, StubTrainer
 
-from examples.multi_turn_tcod import teacher_prefix
+from slime.rollout import teacher_prefix
 from examples.multi_turn_tcod.chat_layout import encode_observation, encode_prompt
 from examples.multi_turn_tcod.rollout import generate, get_tokenizer
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed

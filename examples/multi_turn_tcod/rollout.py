@@ -36,9 +36,9 @@ from examples.multi_turn_tcod.env_adapter import (
     env_step_timeout,
     expert_actions_for,
 )
-from examples.multi_turn_tcod.teacher_prefix import replay_teacher_prefix
 
 from slime.utils.http_utils import post
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -170,8 +170,10 @@ class Episode:
 async def _replay_prefix(ep: Episode, env, plan: dict, observation: str, sampling_params: dict):
     """Play the B2F prefix into the masked part; returns (observation, end, replayed turns), ``end`` being
     None, "replay_finished" or "context_full". A task without expert actions plays in full."""
-    if (plan.get("prefix_source") or "expert") == "teacher":
-        return await replay_teacher_prefix(ep, env, plan, observation, sampling_params)
+    if plan.get("prefix_source", "expert") != "expert":
+        # Another prefix source (a runtime's teacher episodes) is a plugin with this function's signature.
+        replay = load_function(ep.args.tcod_prefix_replay_path)
+        return await replay(ep, env, plan, observation, sampling_params)
     expert = await ep.env_call(env, "expert_actions()", expert_actions_for, env, ep.sample)
     if not expert:
         ep.sample.metadata["prefix_fallback"] = True

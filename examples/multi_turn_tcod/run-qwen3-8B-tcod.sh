@@ -71,7 +71,7 @@ CUDA_VISIBLE_DEVICES=$(seq -s, ${TRAIN_GPUS} $((NUM_GPUS - 1))) python3 -m sglan
     --model-path "${TEACHER}" \
     --host 0.0.0.0 \
     --port $TEACHER_PORT \
-    --tp ${TEACHER_GPUS} \
+    --tp-size ${TEACHER_GPUS} \
     --chunked-prefill-size 4096 \
     --mem-fraction-static 0.7 \
     > "$LOG_FILE" 2>&1 &

@@ -64,7 +64,7 @@ def episode_plan(args, rollout_id: int, evaluation: bool = False) -> dict | None
         "depth": depth,
         "max_student_turns": max_turns,
         "step": rollout_id,
-        "prefix_source": args.tcod_prefix_source,
+        "prefix_source": getattr(args, "tcod_prefix_source", None) or "expert",
     }
 
 
@@ -75,7 +75,7 @@ def attach_plan(args, rollout_id: int, sample, evaluation: bool = False) -> None
 
 
 # ---------------------------------------------------------------------------- the rollout function
-class _PlannedDataSource:
+class PlannedDataSource:
     """The run's data source, attaching rollout ``rollout_id``'s plan to every sample it hands out.
 
     Upstream's ``generate_rollout`` pulls samples through ``data_source.get_samples`` (more than once
@@ -110,5 +110,5 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     if evaluation:
         return default_generate_rollout(args, rollout_id, data_source, evaluation=True)
     return default_generate_rollout(
-        args, rollout_id, _PlannedDataSource(data_source, args, rollout_id), evaluation=False
+        args, rollout_id, PlannedDataSource(data_source, args, rollout_id), evaluation=False
     )

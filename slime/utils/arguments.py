@@ -15,7 +15,7 @@ import warnings
 
 from slime.utils.argument_error import ArgumentError, fail as _fail
 from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
-from slime.utils.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args
+from slime.utils.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args, validate_prefix_source
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
@@ -343,6 +343,7 @@ def _validate_tcod(args):
         validate_tcod_args(args)  # the same checks upstream runs (port.py splices them into slime_validate_args)
     except ValueError as err:
         _fail(str(err))
+    validate_prefix_source(args)
 
 
 def _validate_kl(args):

@@ -6,7 +6,7 @@ Layout of ``{save}/iter_{rollout_id:07d}/``:
 * ``trainer_state.json``   rollout id, data-source position, KL-controller state, python/numpy RNG
 * ``rng.safetensors``      torch RNG state of the driver
 * ``tcod_teacher_episodes.json``  B2F with ``--tcod-prefix-source teacher``: the teacher's recorded
-                           episodes (``examples.multi_turn_tcod.teacher_prefix.CACHE``), so a resumed run replays
+                           episodes (``slime.rollout.teacher_prefix.CACHE``), so a resumed run replays
                            the very episodes the interrupted one did instead of asking the teacher again
 
 * ``checksums.json``      size and sha256 of every file above, written last (``checkpoint_files``)
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from examples.multi_turn_tcod import teacher_prefix
+from slime.rollout import teacher_prefix
 from slime.utils.checkpoint_files import CheckpointError, read_json, read_safetensors, verify_manifest, write_manifest
 
 LATEST = "latest_checkpointed_iteration.txt"

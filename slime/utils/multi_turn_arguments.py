@@ -34,7 +34,32 @@ def add_multi_turn_arguments(parser):
                    help="upstream's rollout-log hook log_rollout_data(rollout_id, args, samples, "
                         "rollout_extra_metrics, rollout_time) -> bool; what it adds to rollout_extra_metrics "
                         "is logged with the step's metrics")
+    g.add_argument("--tcod-prefix-source", choices=("expert", "teacher"), default=None,
+                   help="b2f only: where the replayed prefix comes from. expert (default): the task's expert "
+                        "actions, L = their number; teacher: the teacher server's own episode of the task, played "
+                        "once, cached (and checkpointed) and replayed, L = its length (no expert data needed)")
     return parser
+
+
+TEACHER_PREFIX_REPLAY = "slime.rollout.teacher_prefix.replay_teacher_prefix"
+
+
+def validate_prefix_source(args) -> None:
+    """This runtime's B2F prefix sources (after the --tcod-* checks have filled --tcod-mode)."""
+    if args.tcod_prefix_source is not None and not args.use_tcod:
+        _fail("--tcod-prefix-source is set but --use-tcod is not")
+    if not args.use_tcod or args.tcod_mode != "b2f":
+        if args.tcod_prefix_source is not None:
+            _fail("--tcod-prefix-source applies to --tcod-mode b2f only; f2b always plays from reset")
+        return
+    args.tcod_prefix_source = args.tcod_prefix_source or "expert"
+    if args.tcod_prefix_source == "teacher":
+        if args.opd_type != "sglang" or not args.rm_url:
+            # An in-trainer teacher only scores: the rollout side cannot ask it to play an episode.
+            _fail("--tcod-prefix-source teacher needs a teacher server that can generate: --opd-type sglang with "
+                  "--rm-url (an in-trainer teacher, --opd-type megatron, only scores)")
+        # The agent loop's plugin point for prefix sources other than the expert's.
+        args.tcod_prefix_replay_path = TEACHER_PREFIX_REPLAY
 
 
 def apply_custom_config(args) -> None:

@@ -31,16 +31,6 @@ def add_tcod_arguments(parser):
     parser.add_argument("--tcod-k-start", type=int, default=None, help="Depth at step 0. Default: 1.")
     parser.add_argument("--tcod-eta", type=int, default=None, help="Rollout steps per depth increment (required).")
     parser.add_argument("--tcod-k-max", type=int, default=None, help="Largest depth. Default: max_turns.")
-    parser.add_argument(
-        "--tcod-prefix-source",
-        type=str,
-        choices=["expert", "teacher"],
-        default=None,
-        help=(
-            "b2f only: where the replayed prefix comes from. expert: the task's expert actions; teacher: the "
-            "--rm-url teacher's own episode of the task, played once and cached. Default: expert."
-        ),
-    )
     return parser
 
 
@@ -49,7 +39,7 @@ TCOD_ROLLOUT_FUNCTION_PATH = "slime.rollout.tcod.generate_rollout"
 
 def validate_tcod_args(args):
     """Check the TCOD flags and fill their defaults; nothing happens unless a ``--tcod-*`` flag is used."""
-    tcod_only = ["tcod_mode", "tcod_k_start", "tcod_eta", "tcod_k_max", "tcod_prefix_source"]
+    tcod_only = ["tcod_mode", "tcod_k_start", "tcod_eta", "tcod_k_max"]
     if not getattr(args, "use_tcod", False):
         used = [f"--{name.replace('_', '-')}" for name in tcod_only if getattr(args, name, None) is not None]
         if used:
@@ -82,14 +72,3 @@ def validate_tcod_args(args):
         raise ValueError(f"--tcod-k-start ({args.tcod_k_start}) must be <= {k_max_flag} ({args.tcod_k_max}).")
     if args.tcod_k_max > max_turns:
         raise ValueError(f"--tcod-k-max ({args.tcod_k_max}) must be <= max_turns ({max_turns}).")
-
-    if args.tcod_mode == "f2b" and args.tcod_prefix_source is not None:
-        raise ValueError("--tcod-prefix-source applies to --tcod-mode b2f only; f2b always plays from reset.")
-    if args.tcod_mode == "b2f":
-        args.tcod_prefix_source = args.tcod_prefix_source or "expert"
-        if args.tcod_prefix_source == "teacher" and (args.opd_type != "sglang" or not args.rm_url):
-            # An in-trainer teacher only scores; the rollout side cannot ask it to play an episode.
-            raise ValueError(
-                "--tcod-prefix-source teacher needs a teacher server that can generate: --opd-type sglang with "
-                "--rm-url (an in-trainer teacher only scores)."
-            )

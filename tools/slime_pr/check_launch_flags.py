@@ -86,6 +86,8 @@ class Launch:
     name: str
     argv: list[str]
     cwd: str
+    env: dict[str, str] = field(default_factory=dict)  # the Ray job's runtime env_vars
+    teacher_argv: list[str] | None = None  # python3 -m sglang.launch_server's arguments
     problems: list[str] = field(default_factory=list)
 
 
@@ -125,24 +127,29 @@ def script_launches(slime_dir: Path) -> list[Launch]:
                 if job[:2] != ["python3", "train.py"]:
                     launch.problems.append(f"the job is not `python3 train.py ...`: {job[:2]}")
                 launch.argv = job[2:]
-                launch.problems += _runtime_env_problems(args)
-            if not any(c[1] == "python3" and c[2:4] == ["-m", "sglang.launch_server"] for c in calls):
-                launch.problems.append("no teacher server was launched (python3 -m sglang.launch_server)")
+                launch.env, problems = _runtime_env(args)
+                launch.problems += problems
+            teachers = [c[4:] for c in calls if c[1] == "python3" and c[2:4] == ["-m", "sglang.launch_server"]]
+            if len(teachers) != 1:
+                launch.problems.append(f"expected one teacher server (python3 -m sglang.launch_server), saw {len(teachers)}")
+            else:
+                launch.teacher_argv = teachers[0]
             # Copy the YAML out of the temp dir before it goes: validation reads it later.
             launch.argv = _keep_temp_files(launch.argv, Path(tmp))
         launches.append(launch)
     return launches
 
 
-def _runtime_env_problems(ray_args: list[str]) -> list[str]:
+def _runtime_env(ray_args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The env_vars of ``ray job submit --runtime-env-json``, and a problem if it is not JSON."""
     for i, arg in enumerate(ray_args):
         if arg.startswith("--runtime-env-json"):
             text = arg.split("=", 1)[1] if "=" in arg else ray_args[i + 1]
             try:
-                json.loads(text)
+                return json.loads(text).get("env_vars", {}), []
             except ValueError as err:
-                return [f"--runtime-env-json is not JSON ({err}): {text!r}"]
-    return []
+                return {}, [f"--runtime-env-json is not JSON ({err}): {text!r}"]
+    return {}, ["`ray job submit` has no --runtime-env-json"]
 
 
 def _keep_temp_files(argv: list[str], tmp: Path) -> list[str]:
@@ -190,21 +197,36 @@ def test_launches(slime_dir: Path) -> list[Launch]:
             name = f"{E2E_TEST} --tcod-mode {tcod_mode} --opd-type {opd_type}"
             seen = {}
 
-            def record(train_args, num_gpus_per_node, megatron_model_type, **kwargs):
-                seen.update(train_args=train_args, model_type=megatron_model_type, **kwargs)
+            def record(train_args, num_gpus_per_node, megatron_model_type, before_ray_job_submit=None, **kwargs):
+                seen.update(train_args=train_args, model_type=megatron_model_type, teacher=None)
+                if before_ray_job_submit is not None:
+                    try:  # the teacher launch, with Popen recording its command instead of running it
+                        before_ray_job_submit()
+                    except _Captured:
+                        pass
+                raise _Captured
+
+            def record_popen(cmd, **kwargs):
+                seen["teacher"] = list(cmd)
                 raise _Captured
 
             U.execute_train, U.exec_command = record, lambda *a, **k: ""
+            module.subprocess = types.SimpleNamespace(Popen=record_popen, STDOUT=None)
+            module.open = lambda *a, **k: io.StringIO()  # the teacher's log file
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(getattr(module, "NUM_GPUS", 8))))
-            launch = Launch(name, [], str(slime_dir))
+            # The runtime env execute_train gives the job (Megatron checks this variable when TP > 1).
+            launch = Launch(name, [], str(slime_dir), env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
             try:
                 with contextlib.redirect_stdout(io.StringIO()):  # the test's own progress prints
                     module.execute(tcod_mode, opd_type)
                 launch.problems.append("execute() returned without calling U.execute_train")
             except _Captured:
                 launch.argv = _model_args(slime_dir, seen["model_type"]) + shlex.split(seen["train_args"])
-                if (opd_type == "sglang") != (seen.get("before_ray_job_submit") is not None):
-                    launch.problems.append("the teacher server is launched iff --opd-type sglang: it is not so")
+                teacher = seen["teacher"]
+                if teacher is not None and teacher[1:3] == ["-m", "sglang.launch_server"]:
+                    launch.teacher_argv = teacher[3:]
+                if (opd_type == "sglang") != (launch.teacher_argv is not None):
+                    launch.problems.append("a teacher server must be launched iff --opd-type sglang")
             launches.append(launch)
     finally:
         U.execute_train, U.exec_command = saved
@@ -231,15 +253,15 @@ def _stand_in(name: str, **attrs) -> types.ModuleType:
     return module
 
 
-def server_args_specs(source: str) -> dict[str, dict]:
-    """ServerArgs' CLI flags read from sglang/srt/server_args.py by AST: {dest: {names, kind, default}}.
+def server_args_specs(source: str) -> list[dict]:
+    """ServerArgs' CLI arguments read from sglang/srt/server_args.py by AST: [{names, kind, default, dest}].
 
     Mirrors ``add_cli_args_from_dataclass`` (annotated fields) plus the explicit ``parser.add_argument``
     calls of ``add_cli_args``; ``kind`` is bool (no value), list (one or more) or a scalar type name.
     """
     tree = ast.parse(source)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
-    specs = {}
+    fields = {}  # a field declared twice keeps its first position and its last annotation, as in dataclasses
     for node in cls.body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
@@ -259,7 +281,8 @@ def server_args_specs(source: str) -> dict[str, dict]:
         else:
             kind = _annotation_kind(inner)
         dest = field_name if field_name != cli.lstrip("-").replace("-", "_") else None
-        specs[field_name] = {"names": names, "kind": kind, "default": default, "dest": dest}
+        fields[field_name] = {"names": names, "kind": kind, "default": default, "dest": dest}
+    specs = list(fields.values())
     add_cli = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args")
     for call in ast.walk(add_cli):
         if not (isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument"):
@@ -270,9 +293,7 @@ def server_args_specs(source: str) -> dict[str, dict]:
         no_value = "true" in action.lower() or "const" in action.lower() or action == "DeprecatedAction"
         kind = "bool" if no_value else ("list" if "nargs" in kw else ast.unparse(kw.get("type", ast.Name("str"))))
         dest = kw["dest"].value if isinstance(kw.get("dest"), ast.Constant) else None
-        specs[dest or names[0].lstrip("-").replace("-", "_")] = {
-            "names": names, "kind": kind, "default": None, "dest": dest,
-        }
+        specs.append({"names": names, "kind": kind, "default": None, "dest": dest})
     return specs
 
 
@@ -288,12 +309,12 @@ def _annotation_kind(node) -> str:
     return "str"
 
 
-def _sglang_stand_in(specs: dict[str, dict]) -> None:
+def _sglang_stand_in(specs: list[dict]) -> None:
     """``sglang.srt.server_args.ServerArgs`` and ``sglang_router`` stand-ins for upstream's imports."""
     types_ = {"int": int, "float": float}
 
     def add_cli_args(parser):
-        for spec in specs.values():
+        for spec in specs:
             kwargs = {"dest": spec["dest"]} if spec["dest"] else {}
             if spec["kind"] == "bool":
                 kwargs.update(action="store_true", default=bool(spec["default"]))
@@ -312,19 +333,19 @@ def _sglang_stand_in(specs: dict[str, dict]) -> None:
     _stand_in("sglang_router.launch_router", RouterArgs=router_args)
 
 
-def read_server_args(path: Path | None) -> dict[str, dict]:
+def read_server_args(path: Path | None) -> list[dict]:
     if path is None:
-        return {
-            f: {"names": ["--" + f.replace("_", "-")], "kind": k, "default": d, "dest": None}
+        return [
+            {"names": ["--" + f.replace("_", "-")], "kind": k, "default": d, "dest": None}
             for f, (k, d) in SGLANG_FALLBACK.items()
-        }
+        ]
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
             return server_args_specs(wheel.read("sglang/srt/server_args.py").decode())
     return server_args_specs(path.read_text())
 
 
-def import_upstream(slime_dir: Path, megatron_dir: Path, sglang_specs: dict[str, dict]):
+def import_upstream(slime_dir: Path, megatron_dir: Path, sglang_specs: list[dict]):
     """Make the ported tree's slime and the pinned Megatron-LM importable here; returns slime.utils.arguments."""
     for name in [m for m in sys.modules if m == "slime" or m.startswith(("slime.", "megatron.", "examples."))]:
         del sys.modules[name]
@@ -380,12 +401,17 @@ def parse_upstream(arguments, launch: Launch, tmp: Path) -> tuple[argparse.Names
         return parse_known(self, *a, **k)
 
     real_megatron_parse = megatron_arguments.megatron_parse_args
-    old_argv, old_cwd = sys.argv, os.getcwd()
+    megatron_training_arguments = importlib.import_module("megatron.training.arguments")
+    real_arch = megatron_training_arguments.get_device_arch_version
+    old_argv, old_cwd, old_env = sys.argv, os.getcwd(), dict(os.environ)
     out = io.StringIO()
     try:
         sys.argv = ["train.py", *argv]
         os.chdir(launch.cwd)
+        os.environ.update(launch.env)
         argparse.ArgumentParser.parse_known_args = recording_parse_known
+        # Megatron asks the GPU's architecture when TP or CP > 1; answer Hopper, upstream's CI fleet.
+        megatron_training_arguments.get_device_arch_version = lambda: 9
         megatron_arguments.megatron_parse_args = lambda extra_args_provider, skip_hf_validate=False: (
             real_megatron_parse(extra_args_provider, skip_hf_validate=skip_hf_validate or skip_hf)
         )
@@ -403,8 +429,11 @@ def parse_upstream(arguments, launch: Launch, tmp: Path) -> tuple[argparse.Names
     finally:
         argparse.ArgumentParser.parse_known_args = parse_known
         megatron_arguments.megatron_parse_args = real_megatron_parse
+        megatron_training_arguments.get_device_arch_version = real_arch
         sys.argv = old_argv
         os.chdir(old_cwd)
+        os.environ.clear()
+        os.environ.update(old_env)
     return None, seen_parsers
 
 
@@ -413,7 +442,10 @@ def plugin_problems(args: argparse.Namespace) -> list[str]:
 
     problems = []
     for dest, value in sorted(vars(args).items()):
-        if not (dest.endswith("_path") and isinstance(value, str) and DOTTED.match(value)):
+        # Upstream's plugin flags are --custom-*-path, --*-function-path and the rollout hooks; other
+        # *_path flags are files (e.g. --memory-snapshot-path snapshot.pickle).
+        plugin = dest.startswith("custom_") or "function" in dest or dest.startswith(("rollout_", "buffer_"))
+        if not (plugin and dest.endswith("_path") and isinstance(value, str) and DOTTED.match(value)):
             continue
         try:
             if dest == "rollout_interaction_env_path":
@@ -424,6 +456,30 @@ def plugin_problems(args: argparse.Namespace) -> list[str]:
         except Exception as err:
             problems.append(f"{dest}={value} does not import: {type(err).__name__}: {err}")
     return problems
+
+
+def teacher_problems(teacher_argv: list[str], sglang_specs: list[dict]) -> list[str]:
+    """The teacher's ``sglang.launch_server`` flags must be ServerArgs' own names, not abbreviations."""
+    names = {n for spec in sglang_specs for n in spec["names"]}
+    problems = []
+    for flag in dict.fromkeys(_flags(teacher_argv)):
+        if flag not in names:
+            longer = sorted(n for n in names if n.startswith(flag))
+            hint = f" (argparse would take it as an abbreviation of {longer[0]})" if len(longer) == 1 else ""
+            problems.append(f"teacher server flag {flag} is not a ServerArgs flag{hint}")
+    return problems
+
+
+def yaml_problems(args: argparse.Namespace, flags: list[str]) -> list[str]:
+    """A --custom-config-path key that is also given on the command line: the YAML wins, silently."""
+    import yaml
+
+    if not getattr(args, "custom_config_path", None):
+        return []
+    with open(args.custom_config_path) as f:
+        keys = list(yaml.safe_load(f) or {})
+    return [f"{k}: set both by {flag} and by the YAML (upstream keeps the YAML's)" for k in keys
+            if (flag := "--" + k.replace("_", "-")) in flags]
 
 
 def check(launch: Launch, arguments, known: dict[str, str], tmp: Path) -> dict[str, int]:
@@ -439,7 +495,7 @@ def check(launch: Launch, arguments, known: dict[str, str], tmp: Path) -> dict[s
         if flags.count(flag) > 1:
             launch.problems.append(f"{flag}: given {flags.count(flag)} times (the last one wins)")
     if args is not None:
-        launch.problems += plugin_problems(args)
+        launch.problems += plugin_problems(args) + yaml_problems(args, flags)
     return counts
 
 
@@ -461,12 +517,16 @@ def main(argv=None) -> int:
     arguments = import_upstream(slime_dir, megatron_dir, read_server_args(opts.sglang_server_args))
     launches += test_launches(slime_dir)
     known = known_flags(arguments)
+    sglang_specs = read_server_args(opts.sglang_server_args)
     n_problems = 0
     with tempfile.TemporaryDirectory() as tmp:
         for launch in launches:
             counts = check(launch, arguments, known, Path(tmp)) if launch.argv else {}
+            if launch.teacher_argv is not None and opts.sglang_server_args is not None:
+                launch.problems += teacher_problems(launch.teacher_argv, sglang_specs)
             summary = ", ".join(f"{n} {source}" for source, n in sorted(counts.items()))
-            print(f"{launch.name}: {len(launch.argv)} args, {len(set(_flags(launch.argv)))} flags ({summary})")
+            teacher = f", teacher server {len(_flags(launch.teacher_argv))} flags" if launch.teacher_argv else ""
+            print(f"{launch.name}: {len(set(_flags(launch.argv)))} train.py flags ({summary}){teacher}")
             for problem in launch.problems:
                 print(f"  PROBLEM {launch.name}: {problem}")
             n_problems += len(launch.problems)

@@ -27,7 +27,6 @@ EXAMPLE_FILES = (
     "examples/multi_turn_tcod/rollout.py",
     "examples/multi_turn_tcod/chat_layout.py",
     "examples/multi_turn_tcod/env_adapter.py",
-    "examples/multi_turn_tcod/teacher_prefix.py",
     "examples/multi_turn_tcod/metrics.py",
     "examples/multi_turn_tcod/envs/__init__.py",
     "examples/multi_turn_tcod/envs/common.py",

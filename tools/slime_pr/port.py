@@ -167,7 +167,7 @@ def edit_arguments(source: str) -> str:
 def _insert_after(source: str, anchor: str, line: str) -> str:
     if line in source:
         return source
-    at = source.index(anchor)
+    at = source.index(anchor.strip())
     end = source.index("\n", at) + 1
     return source[:end] + line + source[end:]
 

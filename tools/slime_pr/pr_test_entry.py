@@ -1,11 +1,18 @@
 """Register the PR's GPU e2e test in upstream's CI, as upstream registers its OPD test.
 
+    python tools/slime_pr/pr_test_entry.py SLIME_DIR
+
 Upstream lists its GPU tests in ``.github/workflows/pr-test.yml.j2`` (``{'test_file': ..., 'num_gpus': N}``
-entries) and renders ``pr-test.yml`` from it with ``.github/workflows/generate_github_workflows.py``.
+entries, argv in ``test_args``) and renders ``pr-test.yml`` from it with
+``.github/workflows/generate_github_workflows.py`` (needs jinja2). ``tests/test_qwen3_0.6B_tcod.py`` joins
+``megatron_tests`` right after ``test_qwen2.5_0.5B_opd_sglang.py``, the OPD test it extends: one entry per
+TCOD mode and teacher type, as ``test_qwen3_4B_ckpt.py`` has one per optimizer placement.
+``megatron_tests`` runs in the ``run-ci-megatron`` job and, on the test image, in ``run-ci-image``.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -14,35 +21,74 @@ TEMPLATE = ".github/workflows/pr-test.yml.j2"
 RENDERED = ".github/workflows/pr-test.yml"
 GENERATOR = ".github/workflows/generate_github_workflows.py"
 ANCHOR = "{'test_file': 'test_qwen2.5_0.5B_opd_sglang.py', 'num_gpus': 8},"
-ENTRY = "{'test_file': 'test_qwen3_0.6B_tcod.py', 'num_gpus': 8},"
+TEST_FILE = "test_qwen3_0.6B_tcod.py"
+NUM_GPUS = 4  # = NUM_GPUS of the test (the changed-tests job reads it from there)
+ENTRIES = tuple(
+    f"{{'test_file': '{TEST_FILE}', 'test_args': '--tcod-mode {mode} --opd-type {opd}', 'num_gpus': {NUM_GPUS}}},"
+    for mode in ("f2b", "b2f")
+    for opd in ("sglang", "megatron")
+)
+
+
+class RegisterError(ValueError):
+    """The template is not the one these entries were written for."""
+
+
+def _lines(indent: str) -> str:
+    return "".join(f"{indent}{entry}\n" for entry in ENTRIES)
+
+
+# One entry's text, whatever the indentation (what a check that the test is registered looks for).
+ENTRY = ENTRIES[0]
 
 
 def edit_template(text: str) -> str:
-    """The template with our entry after every OPD entry (idempotent)."""
-    if ENTRY in text:
+    """The template with ENTRIES right after the OPD entry; unchanged when they are already there."""
+    if all(entry in text for entry in ENTRIES):
         return text
-    if ANCHOR not in text:
-        raise ValueError(f"{TEMPLATE} has no {ANCHOR!r} entry to register the TCOD test next to")
-    out = []
-    for line in text.splitlines(keepends=True):
-        out.append(line)
-        if line.strip() == ANCHOR:
-            out.append(line.replace(ANCHOR, ENTRY))
-    return "".join(out)
+    if TEST_FILE in text:
+        raise RegisterError(f"{TEMPLATE} names {TEST_FILE} but not with these entries; fix it by hand")
+    lines = text.splitlines(keepends=True)
+    anchors = [i for i, line in enumerate(lines) if line.strip() == ANCHOR]
+    if len(anchors) != 1:
+        raise RegisterError(f"{TEMPLATE}: the line {ANCHOR!r} is there {len(anchors)} times, not once")
+    anchor = lines[anchors[0]]
+    lines.insert(anchors[0] + 1, _lines(anchor[: len(anchor) - len(anchor.lstrip())]))
+    return "".join(lines)
 
 
-def render(slime_dir: Path) -> None:
-    """Re-render ``pr-test.yml`` with upstream's own generator (needs jinja2)."""
+def render(slime_dir) -> None:
+    """Re-render ``pr-test.yml`` with upstream's own generator."""
     subprocess.run([sys.executable, str(Path(slime_dir) / GENERATOR)], check=True, capture_output=True, text=True)
 
 
-def register(slime_dir: Path) -> bool:
-    """Add the entry and re-render; returns whether anything changed."""
-    path = Path(slime_dir) / TEMPLATE
+def register(slime_dir) -> bool:
+    """Insert the entries into SLIME_DIR's template and re-render; returns whether anything changed."""
+    slime_dir = Path(slime_dir)
+    path, rendered = slime_dir / TEMPLATE, slime_dir / RENDERED
+    if not path.is_file() or not (slime_dir / GENERATOR).is_file():
+        raise RegisterError(f"{slime_dir} has no {TEMPLATE} or no {GENERATOR}")
     text = path.read_text()
     new = edit_template(text)
-    if new == text:
-        return False
-    path.write_text(new)
-    render(slime_dir)
-    return True
+    before = rendered.read_bytes() if rendered.is_file() else None
+    if new != text:
+        path.write_text(new)
+    render(slime_dir)  # also when the template was edited already: pr-test.yml must follow it
+    return new != text or rendered.read_bytes() != before
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("slime_dir", type=Path, help="an upstream THUDM/slime checkout (changed in place)")
+    opts = parser.parse_args(argv)
+    try:
+        changed = register(opts.slime_dir)
+    except RegisterError as err:
+        print(f"pr_test_entry: {err}", file=sys.stderr)
+        return 1
+    print(f"{TEMPLATE}: {TEST_FILE} {'registered' if changed else 'was registered already'} ({len(ENTRIES)} entries)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,8 @@ post-processing hook as upstream's RolloutManager calls it. Checked, for TCOD F2
 * the teacher is called once per trajectory and ``teacher_log_probs`` has ``response_length``
   entries equal to the teacher's own scores of those tokens;
 * the trained-token layout: ``loss_mask`` covers exactly the student turns, removed samples
-  (``remove_sample``) are never trained, rewards are the environment's returns;
+  (``remove_sample``) are never trained, every reward handed to the estimator is 0 (pure OPD);
+* the rollout-log hook (``examples.multi_turn_tcod.metrics``) logs the step's depth and per-turn KL;
 * flag validation through upstream's ``slime_validate_args`` (including the ``--custom-config-path``
   YAML) rejects TCOD without its rollout function.
 
@@ -208,8 +209,8 @@ def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: d
         want = {s.index: max(0, expert_len[s.label] - depth) for s in playable}
         got = {s.index: s.metadata["prefix_turns"] for s in playable}
         check(got == want, f"{tag}: b2f replays max(0, L_exp - k) expert turns {sorted(set(want.values()))}")
-    kept = [s for s in samples if not s.remove_sample]
-    check(calls == len(kept), f"{tag}: {calls} teacher calls for {len(kept)} trainable trajectories")
+    # Upstream's OPD hook scores every sample the generate function left unrewarded, removed ones too.
+    check(calls == len(samples), f"{tag}: {calls} teacher calls for {len(samples)} trajectories (one each)")
     should_drop = {s.index for s in samples if s.metadata.get("variant") == "broken"
                    or (mode == "b2f" and step == 0 and s.metadata.get("variant") == "replay_finishes")}
     dropped = {s.index for s in samples if s.remove_sample}
@@ -218,11 +219,16 @@ def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: d
         check(dropped == should_drop, f"{tag}: remove_sample set on exactly the failed episode / finished replay "
                                       f"({len(dropped)}: {outcomes})")
 
+    # Upstream logs a rollout (custom hook first) before it post-processes the rewards.
+    extra = {}
+    load_function(args.custom_rollout_log_function_path)(step, args, samples, extra, 0.0)
+    check(extra.get("tcod/depth") == depth and extra.get("tcod/teacher_scored") == 1.0 and "tcod/kl_turn_1" in extra,
+          f"{tag}: the rollout-log hook logs tcod/depth, tcod/teacher_scored and per-turn KL")
     # Upstream's RolloutManager._post_process_rewards with a custom hook, then its train-data rules.
     post = load_function(args.custom_reward_post_process_path)
     raw, rewards = post(args, samples)
     check(len(raw) == len(rewards) == len(samples), f"{tag}: post-processing returns one reward per sample")
-    check(rewards == [s.metadata["task_reward"] for s in samples], f"{tag}: rewards are the environment returns")
+    check(rewards == [0.0] * len(samples), f"{tag}: every reward is 0 (pure OPD), whatever the environment returned")
     layout_ok, teacher_ok = True, True
     for s in samples:
         mask = [0] * s.response_length if s.remove_sample else s.loss_mask  # what upstream trains on
@@ -252,7 +258,7 @@ def main(argv=None) -> int:
     runtime("-c", make, str(work / "student"), "3")
     runtime("-c", make, str(work / "teacher"), "11")
     data = work / "tasks.jsonl"
-    subprocess.run([sys.executable, "-m", "examples.agent_envs.make_data", "--env", "gridnav", "--n", "6",
+    subprocess.run([sys.executable, "-m", "examples.multi_turn_tcod.envs.make_data", "--env", "gridnav", "--n", "6",
                     "--seed", "0", "--size", "5", "--min-len", "3", "--max-len", "5", "--out", str(data)],
                    cwd=slime_dir, check=True, env={**os.environ, "PYTHONPATH": str(slime_dir)})
     rows = [json.loads(line) for line in data.read_text().splitlines()]
@@ -301,20 +307,22 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
               "--input-key", "input", "--label-key", "label", "--metadata-key", "metadata",
               "--rollout-max-response-len", "160", "--rollout-temperature", "1.0", "--num-rollout", "4",
               "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
-              "--rollout-interaction-env-path", "examples.agent_envs",
-              "--max-turns", "6", "--max-turn-response-len", "6",
+              "--custom-rollout-log-function-path", "examples.multi_turn_tcod.metrics.log_rollout_data",
               "--use-opd", "--opd-type", "sglang", "--rm-url", f"{teacher_url}/generate",
               "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
               "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
               "--use-tcod", "--tcod-eta", "2"]
 
     # Flags: registered by the port, validated by upstream's slime_validate_args (YAML config included).
-    args = upstream_args(common + ["--tcod-mode", "f2b"], student_port, work / "student")
+    multi_turn = "max_turns: 6\nmax_turn_response_len: 6\nrollout_interaction_env_path: examples.multi_turn_tcod.envs\n"
+    (work / "multi_turn.yaml").write_text(multi_turn)
+    args = upstream_args(common + ["--tcod-mode", "f2b", "--custom-config-path", str(work / "multi_turn.yaml")],
+                         student_port, work / "student")
     error = validate_through_upstream(args)
     check(error is not None and "--rollout-function-path slime.rollout.tcod.generate_rollout" in error,
           "upstream's slime_validate_args rejects --use-tcod with the default rollout function")
     config = work / "tcod.yaml"
-    config.write_text("rollout_function_path: slime.rollout.tcod.generate_rollout\ntcod_k_max: 4\n")
+    config.write_text(multi_turn + "rollout_function_path: slime.rollout.tcod.generate_rollout\ntcod_k_max: 4\n")
     args = upstream_args(common + ["--tcod-mode", "f2b", "--custom-config-path", str(config)], student_port,
                          work / "student")
     error = validate_through_upstream(args)
