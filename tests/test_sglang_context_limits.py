@@ -13,7 +13,8 @@ import torch
 from _engine_helpers import start_hf_engine
 from slime.backends.sglang_utils import engine_info
 from slime.ray.rollout import RolloutManager, select_trainable
-from examples.multi_turn_tcod import rollout as multi_turn, teacher_prefix
+from examples.multi_turn_tcod import rollout as multi_turn
+from slime.rollout import teacher_prefix
 from slime.rollout import on_policy_distillation as opd, sglang_rollout
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
 from slime.rollout.tcod import episode_plan

@@ -25,7 +25,7 @@ One line per problem, exit 1 on any. No network at run time:
       git -C <Megatron-LM git dir> archive 1dcf0dafa884ad52ffb243625717a3471643e087 megatron | tar -x -C DIR
       (cd DIR && git apply -p1 PORTED_SLIME_DIR/docker/patch/latest/megatron.patch)
 
-  It imports on CPU with ``six`` installed; ``triton`` is stood in for here.
+  It imports on CPU: ``triton`` (and ``six``, ``wandb`` when absent) are stood in for here.
 * WHEEL: ``pip download --no-deps sglang==0.5.15.post1`` (the SGLang of upstream's image tag; its
   ``sglang/srt/server_args.py`` is read, never imported), or that file itself. Without it only the
   ``--sglang-*`` flags in ``SGLANG_FALLBACK`` are known.
@@ -131,7 +131,9 @@ def script_launches(slime_dir: Path) -> list[Launch]:
                 launch.problems += problems
             teachers = [c[4:] for c in calls if c[1] == "python3" and c[2:4] == ["-m", "sglang.launch_server"]]
             if len(teachers) != 1:
-                launch.problems.append(f"expected one teacher server (python3 -m sglang.launch_server), saw {len(teachers)}")
+                launch.problems.append(
+                    f"expected one teacher server (python3 -m sglang.launch_server), saw {len(teachers)}"
+                )
             else:
                 launch.teacher_argv = teachers[0]
             # Copy the YAML out of the temp dir before it goes: validation reads it later.
@@ -192,24 +194,25 @@ def test_launches(slime_dir: Path) -> list[Launch]:
     launches = []
     saved_env = dict(os.environ)
     saved = U.execute_train, U.exec_command
+    seen = {}
+
+    def record(train_args, num_gpus_per_node, megatron_model_type, before_ray_job_submit=None, **kwargs):
+        seen.update(train_args=train_args, model_type=megatron_model_type, teacher=None)
+        if before_ray_job_submit is not None:
+            try:  # the teacher launch, with Popen recording its command instead of running it
+                before_ray_job_submit()
+            except _Captured:
+                pass
+        raise _Captured
+
+    def record_popen(cmd, **kwargs):
+        seen["teacher"] = list(cmd)
+        raise _Captured
+
     try:
         for tcod_mode, opd_type in TEST_RUNS:
             name = f"{E2E_TEST} --tcod-mode {tcod_mode} --opd-type {opd_type}"
-            seen = {}
-
-            def record(train_args, num_gpus_per_node, megatron_model_type, before_ray_job_submit=None, **kwargs):
-                seen.update(train_args=train_args, model_type=megatron_model_type, teacher=None)
-                if before_ray_job_submit is not None:
-                    try:  # the teacher launch, with Popen recording its command instead of running it
-                        before_ray_job_submit()
-                    except _Captured:
-                        pass
-                raise _Captured
-
-            def record_popen(cmd, **kwargs):
-                seen["teacher"] = list(cmd)
-                raise _Captured
-
+            seen.clear()
             U.execute_train, U.exec_command = record, lambda *a, **k: ""
             module.subprocess = types.SimpleNamespace(Popen=record_popen, STDOUT=None)
             module.open = lambda *a, **k: io.StringIO()  # the teacher's log file
@@ -356,10 +359,13 @@ def import_upstream(slime_dir: Path, megatron_dir: Path, sglang_specs: list[dict
 
     torch.compile(lambda x: x)  # let torch find out it has no triton before the stand-in appears
     _stand_in("triton", __version__="3.4.0", language=_stand_in("triton.language"))
-    if importlib.util.find_spec("wandb") is None:
-        _stand_in("wandb")
+    for name in ("wandb", "six"):  # imported by logging and the BERT tokenizer, never used for parsing
+        if importlib.util.find_spec(name) is None:
+            _stand_in(name)
     _sglang_stand_in(sglang_specs)
-    arguments = importlib.import_module("slime.utils.arguments")
+    with contextlib.redirect_stdout(io.StringIO()):  # import-time notices (missing apex, deep_ep, ...)
+        arguments = importlib.import_module("slime.utils.arguments")
+        importlib.import_module("slime.backends.megatron_utils.arguments")
     if not arguments.__file__.startswith(str(slime_dir)):
         raise RuntimeError(f"slime was imported from {arguments.__file__}, not from {slime_dir}")
     return arguments
@@ -478,8 +484,11 @@ def yaml_problems(args: argparse.Namespace, flags: list[str]) -> list[str]:
         return []
     with open(args.custom_config_path) as f:
         keys = list(yaml.safe_load(f) or {})
-    return [f"{k}: set both by {flag} and by the YAML (upstream keeps the YAML's)" for k in keys
-            if (flag := "--" + k.replace("_", "-")) in flags]
+    return [
+        f"{k}: set both by {flag} and by the YAML (upstream keeps the YAML's)"
+        for k in keys
+        if (flag := "--" + k.replace("_", "-")) in flags
+    ]
 
 
 def check(launch: Launch, arguments, known: dict[str, str], tmp: Path) -> dict[str, int]:

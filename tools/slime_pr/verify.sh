@@ -13,7 +13,9 @@
 #      ported/ with SLIME_CONTRACT_* pointed at this contribution's hooks, and on pristine/ with upstream's
 #      own counterpart hooks; each test classified PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the
 #      rules);
-#   4. tools/slime_pr/smoke.py ported/, if that script exists.
+#   4. tools/slime_pr/smoke.py ported/, if that script exists;
+#   5. verify_pr.py (size, upstream's linters, the PR's CPU tests, links), verify_objective.py (same
+#      advantages upstream and here) and, with MEGATRON_LM_DIR set, check_launch_flags.py.
 # Exit status 0 only if every step passed (no FAIL-OURS, no other test failure, smoke ok).
 #
 # Environment:
@@ -120,9 +122,13 @@ IDEMPOTENT="not checked"
 DEPS_OK="not checked"
 CONTRACTS_SUMMARY="not run"
 SMOKE="not run"
+PR_CHECKS="not run"
+OBJECTIVE="not run"
+LAUNCH="not run"
 summary() { # the last line of every run that got this far
     say "verify.sh SUMMARY: upstream $COMMIT_SHORT | port $PORT, idempotent $IDEMPOTENT | deps $DEPS_OK |" \
-        "upstream tests: $CONTRACTS_SUMMARY | smoke: $SMOKE | RESULT: $1"
+        "upstream tests: $CONTRACTS_SUMMARY | smoke: $SMOKE | PR checks: $PR_CHECKS | objective: $OBJECTIVE |" \
+        "launch flags: $LAUNCH | RESULT: $1"
 }
 fail() { # an error after which nothing else can be checked
     printf 'verify.sh: ERROR: %s\n' "$*" >&2
@@ -199,6 +205,25 @@ else
     say "$SMOKE"
 fi
 
+# ---- 5. the PR as a maintainer reads it, and the objective it trains ----------------------------------
+step "the PR: size, upstream's linters, its CPU tests, its links"
+PR_RC=0
+"$PYTHON" "$HERE/verify_pr.py" "$TMP/pristine" "$TMP/ported" || PR_RC=$?
+PR_CHECKS="$([[ $PR_RC -eq 0 ]] && echo ok || echo FAILED)"
+
+step "same objective: upstream's advantages equal this runtime's (pure OPD)"
+OBJECTIVE_RC=0
+"$PYTHON" "$HERE/verify_objective.py" "$TMP/ported" || OBJECTIVE_RC=$?
+OBJECTIVE="$([[ $OBJECTIVE_RC -eq 0 ]] && echo ok || echo FAILED)"
+
+LAUNCH="not run (set MEGATRON_LM_DIR to a Megatron-LM tree at upstream's pinned commit)"
+LAUNCH_RC=0
+if [[ -n "${MEGATRON_LM_DIR:-}" && -f "$HERE/check_launch_flags.py" ]]; then
+    step "the launch script's and the GPU test's flags against upstream's parsers"
+    "$PYTHON" "$HERE/check_launch_flags.py" "$TMP/ported" --megatron-dir "$MEGATRON_LM_DIR" || LAUNCH_RC=$?
+    LAUNCH="$([[ $LAUNCH_RC -eq 0 ]] && echo ok || echo FAILED)"
+fi
+
 # ---- summary -------------------------------------------------------------------------------------------
 step "summary"
 SLIME_DIR_UNCHANGED=yes
@@ -206,6 +231,7 @@ SLIME_DIR_UNCHANGED=yes
 [[ $SLIME_DIR_UNCHANGED == yes ]] || say "WARNING: SLIME_DIR changed while this ran (not by this harness's copies)"
 
 RESULT=OK
-[[ $IDEMPOTENT == yes && $DEPS_OK == yes && $CONTRACTS_RC -eq 0 && $SMOKE_RC -eq 0 ]] || RESULT=FAILED
+[[ $IDEMPOTENT == yes && $DEPS_OK == yes && $CONTRACTS_RC -eq 0 && $SMOKE_RC -eq 0 && $PR_RC -eq 0 &&
+    $OBJECTIVE_RC -eq 0 && $LAUNCH_RC -eq 0 ]] || RESULT=FAILED
 summary "$RESULT"
 [[ $RESULT == OK ]]
