@@ -9,7 +9,6 @@ architecture, and one model keeps the four runs alike. ``--ci-test`` makes the r
 scored every trajectory; the rollout dumps are checked here once more after training.
 """
 
-import glob
 import os
 import subprocess
 import time
@@ -88,10 +87,8 @@ def _launch_teacher_server(teacher_gpu: str):
         if process.poll() is not None:
             raise RuntimeError(f"Teacher server process exited with code {process.returncode}. Check {log_path}")
         try:
-            if (
-                urllib.request.urlopen(f"http://{TEACHER_HOST}:{TEACHER_PORT}/health_generate", timeout=2).status
-                == 200
-            ):
+            response = urllib.request.urlopen(f"http://{TEACHER_HOST}:{TEACHER_PORT}/health_generate", timeout=2)
+            if response.status == 200:
                 return process
         except Exception:
             pass
@@ -186,8 +183,6 @@ def execute(tcod_mode: str, opd_type: str):
             f"--tcod-eta {TCOD_ETA} "
             f"--tcod-k-max {MAX_TURNS} "
         )
-        if tcod_mode == "b2f":
-            tcod_args += "--tcod-prefix-source expert "
 
         perf_args = (
             "--tensor-model-parallel-size 1 "
@@ -230,9 +225,7 @@ def execute(tcod_mode: str, opd_type: str):
             "--adam-beta2 0.98 "
         )
 
-        sglang_args = (
-            "--rollout-num-gpus-per-engine 1 " "--sglang-mem-fraction-static 0.6 " "--sglang-cuda-graph-max-bs 16 "
-        )
+        sglang_args = "--rollout-num-gpus-per-engine 1 --sglang-mem-fraction-static 0.6 "
 
         ci_args = "--ci-test "
 
@@ -274,8 +267,6 @@ def execute(tcod_mode: str, opd_type: str):
             teacher_process.wait()
         U.exec_command("pkill -9 sglang; true")
 
-    if not glob.glob(f"{dump_dir}/*.pt"):
-        raise RuntimeError(f"no rollout data was dumped to {dump_dir}")
     _check_rollout_dumps(dump_dir, tcod_mode, opd_type)
 
 

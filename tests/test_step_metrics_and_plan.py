@@ -90,7 +90,7 @@ def test_train_rejects_bad_flags_with_the_flag_named():
 
 @pytest.mark.parametrize("mode", ["f2b", "b2f"])
 def test_gpu_run_script_dry_run(mode):
-    out = _run(["bash", "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"],
+    out = _run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"],
                env={"DRY_RUN": "1", "TCOD_MODE": mode, "PYTHON": sys.executable})
     assert out.returncode == 0, out.stderr
     eta = 6 if mode == "f2b" else 5

@@ -185,9 +185,6 @@ TCOD_ARGS=(
    --tcod-eta ${ETA}
    --tcod-k-max ${MAX_TURNS}
 )
-if [ "${TCOD_MODE}" = b2f ]; then
-   TCOD_ARGS+=(--tcod-prefix-source expert)
-fi
 
 OPTIMIZER_ARGS=(
    --optimizer adam

@@ -70,12 +70,21 @@ SGLANG_FALLBACK = {
 }
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
-# Stand-ins that record their argv (one NUL-separated file per call: cwd, name, args...).
-_RECORD = 'f=$(mktemp "$CAPTURE_DIR/call.XXXXXX"); printf "%s\\0" "$PWD" "$(basename "$0")" "$@" > "$f"\n'
+# Stand-ins that record their argv: one NUL-separated file per call (cwd, name, args...), written under a
+# temp name and renamed, so that a half-written record is never read.
+_RECORD = (
+    'f=$(mktemp "$CAPTURE_DIR/.call.XXXXXX")\n'
+    'printf "%s\\0" "$PWD" "$(basename "$0")" "$@" > "$f"\n'
+    'mv "$f" "$CAPTURE_DIR/call.${f##*.}"\n'
+)
 STUBS = {
     "python3": _RECORD,
     "ray": _RECORD,
-    "curl": _RECORD + "echo '{}'\n",
+    # The teacher is started in the background: report it healthy only once its launch is recorded,
+    # or the script's exit trap may kill it first.
+    "curl": _RECORD
+    + 'for i in $(seq 100); do grep -lqs sglang.launch_server "$CAPTURE_DIR"/call.* && break; /bin/sleep 0.1; done\n'
+    + "echo '{}'\n",
     "nvidia-smi": "exit 1\n",
     "sleep": "exit 0\n",
 }
@@ -113,7 +122,7 @@ def script_launches(slime_dir: Path) -> list[Launch]:
             proc = subprocess.run(
                 ["bash", str(slime_dir / SCRIPT)], env=env, capture_output=True, text=True, timeout=120
             )
-            calls = [p.read_bytes().decode().split("\0")[:-1] for p in capture.iterdir()]
+            calls = [p.read_bytes().decode().split("\0")[:-1] for p in capture.glob("call.*")]
             submits = [c for c in calls if c[1] == "ray" and c[2:4] == ["job", "submit"]]
             launch = Launch(name, [], str(slime_dir))
             if proc.returncode != 0:
