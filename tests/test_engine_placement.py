@@ -77,7 +77,7 @@ def test_engines_get_their_own_gpus(tmp_path, monkeypatch):
 def test_gpu_script_spells_sglang_flags_out_and_keeps_the_teacher_outside_ray():
     import re
 
-    script = (Path(__file__).parents[1] / "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh").read_text()
+    script = (Path(__file__).parents[1] / "scripts/run-qwen3-8B-tcod-runtime.sh").read_text()
     launch = script[script.index("-m sglang.launch_server"):script.index("> \"${SAVE%/}.teacher.log\"")]
     flags = set(re.findall(r"(--[a-z-]+)", launch))
     # Full SGLang 0.5.23 names only: "--tp" worked only as an argparse abbreviation of --tp-size.

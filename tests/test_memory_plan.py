@@ -72,7 +72,7 @@ def test_gpu_run_script_prints_a_memory_plan(tmp_path, extra):
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@" {" ".join(extra)}\n')
     wrapper.chmod(0o755)
-    out = subprocess.run(["bash", "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"], cwd=ROOT, capture_output=True,
+    out = subprocess.run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120,
                          env={**os.environ, "DRY_RUN": "1", "STUDENT": str(tmp_path), "PYTHON": str(wrapper)})
     assert out.returncode == 0, out.stderr
@@ -111,7 +111,7 @@ def test_megatron_plan_splits_the_model_over_tensor_parallel_ranks(tmp_path):
 
 def test_gpu_run_script_megatron_dry_run(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
-    out = subprocess.run(["bash", "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"], cwd=ROOT, capture_output=True,
+    out = subprocess.run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "DRY_RUN": "1", "STUDENT": str(tmp_path),
                                                       "PYTHON": sys.executable, "TRAIN_BACKEND": "megatron"})
     assert out.returncode == 0, out.stderr

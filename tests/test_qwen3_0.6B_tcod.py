@@ -1,6 +1,8 @@
 """TCOD (examples/multi_turn_tcod) end to end: a few multi-turn rollouts of Qwen3-0.6B on gridnav.
 
-    python tests/test_qwen3_0.6B_tcod.py --tcod-mode {f2b,b2f} --opd-type {sglang,megatron}
+    python tests/test_qwen3_0.6B_tcod.py [--tcod-mode {f2b,b2f}] [--opd-type {sglang,megatron}]
+
+Without arguments it runs all four: F2B and B2F, each with the teacher on an SGLang server and in Megatron.
 
 The teacher is the student's own checkpoint (self-distillation, as in test_qwen2.5_0.5B_opd_sglang.py):
 ``--opd-type megatron`` loads the teacher into the actor's model, so it must share the student's
@@ -33,8 +35,8 @@ MAX_TURNS = 4
 TCOD_ETA = 1  # the depth grows every step: 1, 2, 3
 
 parser = ArgumentParser()
-parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default="f2b")
-parser.add_argument("--opd-type", choices=["sglang", "megatron"], default="sglang")
+parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default=None, help="Default: both.")
+parser.add_argument("--opd-type", choices=["sglang", "megatron"], default=None, help="Default: both.")
 
 
 def prepare():
@@ -62,26 +64,9 @@ def _launch_teacher_server(teacher_gpu: str):
     env = os.environ.copy()
     env["CUDA_VISIBLE_DEVICES"] = teacher_gpu
     log_path = "/tmp/sglang_tcod_teacher.log"
-    process = subprocess.Popen(
-        [
-            "python3",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            f"/root/models/{MODEL_NAME}",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(TEACHER_PORT),
-            "--tp-size",
-            "1",
-            "--mem-fraction-static",
-            "0.6",
-        ],
-        env=env,
-        stdout=open(log_path, "w"),
-        stderr=subprocess.STDOUT,
-    )
+    command = f"python3 -m sglang.launch_server --model-path /root/models/{MODEL_NAME} --host 0.0.0.0 "
+    command += f"--port {TEACHER_PORT} --tp-size 1 --mem-fraction-static 0.6"
+    process = subprocess.Popen(command.split(), env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     print(f"Starting teacher sglang server on GPU {teacher_gpu} (pid={process.pid}), log: {log_path}")
     for _ in range(120):
         if process.poll() is not None:
@@ -143,20 +128,12 @@ def execute(tcod_mode: str, opd_type: str):
         teacher_process = _launch_teacher_server(teacher_gpu)
 
     try:
-        ckpt_args = f"--hf-checkpoint /root/models/{MODEL_NAME}/ " f"--ref-load /root/models/{MODEL_NAME}_torch_dist "
+        ckpt_args = f"--hf-checkpoint /root/models/{MODEL_NAME}/ --ref-load /root/models/{MODEL_NAME}_torch_dist "
 
         rollout_args = (
-            f"--prompt-data {DATA_DIR}/train.jsonl "
-            "--input-key input "
-            "--label-key label "
-            "--metadata-key metadata "
-            "--rollout-shuffle "
-            f"--num-rollout {NUM_ROLLOUT} "
-            "--rollout-batch-size 8 "
-            "--n-samples-per-prompt 2 "
-            "--rollout-max-response-len 2048 "
-            "--rollout-temperature 0.8 "
-            "--global-batch-size 16 "
+            f"--prompt-data {DATA_DIR}/train.jsonl --input-key input --label-key label --metadata-key metadata "
+            f"--rollout-shuffle --num-rollout {NUM_ROLLOUT} --rollout-batch-size 8 --n-samples-per-prompt 2 "
+            "--global-batch-size 16 --rollout-max-response-len 2048 --rollout-temperature 0.8 "
             "--custom-generate-function-path examples.multi_turn_tcod.rollout.generate "
             f"--custom-config-path {_config_path()} "
             "--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data "
@@ -164,47 +141,26 @@ def execute(tcod_mode: str, opd_type: str):
         )
 
         eval_args = (
-            (
-                "--eval-interval 2 "
-                f"--eval-prompt-data gridnav {DATA_DIR}/eval.jsonl "
-                "--n-samples-per-eval-prompt 1 "
-                "--eval-max-response-len 2048 "
-                "--eval-temperature 0.4 "
-            )
+            f"--eval-interval 2 --eval-prompt-data gridnav {DATA_DIR}/eval.jsonl --n-samples-per-eval-prompt 1 "
+            "--eval-max-response-len 2048 --eval-temperature 0.4 "
             if ENABLE_EVAL
             else ""
         )
 
         tcod_args = (
-            "--use-tcod "
-            "--rollout-function-path slime.rollout.tcod.generate_rollout "
-            f"--tcod-mode {tcod_mode} "
-            "--tcod-k-start 1 "
-            f"--tcod-eta {TCOD_ETA} "
-            f"--tcod-k-max {MAX_TURNS} "
+            "--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout "
+            f"--tcod-mode {tcod_mode} --tcod-k-start 1 --tcod-eta {TCOD_ETA} --tcod-k-max {MAX_TURNS} "
         )
 
         perf_args = (
-            "--tensor-model-parallel-size 1 "
-            "--sequence-parallel "
-            "--pipeline-model-parallel-size 1 "
-            "--context-parallel-size 1 "
-            "--expert-model-parallel-size 1 "
-            "--expert-tensor-parallel-size 1 "
-            "--use-dynamic-batch-size "
-            "--max-tokens-per-gpu 4096 "
+            "--tensor-model-parallel-size 1 --sequence-parallel --pipeline-model-parallel-size 1 "
+            "--context-parallel-size 1 --expert-model-parallel-size 1 --expert-tensor-parallel-size 1 "
+            "--use-dynamic-batch-size --max-tokens-per-gpu 4096 "
         )
 
         grpo_args = (
-            "--advantage-estimator grpo "
-            "--use-opd "
-            f"--opd-type {opd_type} "
-            "--opd-kl-coef 1.0 "
-            "--use-kl-loss "
-            "--kl-loss-coef 0.00 "
-            "--kl-loss-type low_var_kl "
-            "--entropy-coef 0.00 "
-            "--eps-clip 0.2 "
+            f"--advantage-estimator grpo --use-opd --opd-type {opd_type} --opd-kl-coef 1.0 "
+            "--use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl --entropy-coef 0.00 --eps-clip 0.2 "
         )
 
         if opd_type == "sglang":
@@ -217,12 +173,8 @@ def execute(tcod_mode: str, opd_type: str):
             teacher_args = f"--opd-teacher-load /root/models/{MODEL_NAME}_torch_dist "
 
         optimizer_args = (
-            "--optimizer adam "
-            "--lr 1e-6 "
-            "--lr-decay-style constant "
-            "--weight-decay 0.1 "
-            "--adam-beta1 0.9 "
-            "--adam-beta2 0.98 "
+            "--optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 "
+            "--adam-beta1 0.9 --adam-beta2 0.98 "
         )
 
         sglang_args = "--rollout-num-gpus-per-engine 1 --sglang-mem-fraction-static 0.6 "
@@ -230,29 +182,15 @@ def execute(tcod_mode: str, opd_type: str):
         ci_args = "--ci-test "
 
         misc_args = (
-            "--attention-dropout 0.0 "
-            "--hidden-dropout 0.0 "
-            "--accumulate-allreduce-grads-in-fp32 "
-            "--attention-softmax-in-fp32 "
-            "--attention-backend flash "
-            "--actor-num-nodes 1 "
-            f"--actor-num-gpus-per-node {NUM_TRAIN_GPUS} "
-            "--colocate "
+            "--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 "
+            "--attention-softmax-in-fp32 --attention-backend flash "
+            f"--actor-num-nodes 1 --actor-num-gpus-per-node {NUM_TRAIN_GPUS} --colocate "
         )
 
-        train_args = (
-            f"{ckpt_args} "
-            f"{rollout_args} "
-            f"{optimizer_args} "
-            f"{grpo_args} "
-            f"{tcod_args} "
-            f"{U.get_default_wandb_args(__file__, run_name_prefix=f'{tcod_mode}_{opd_type}')} "
-            f"{perf_args} "
-            f"{eval_args} "
-            f"{sglang_args} "
-            f"{ci_args} "
-            f"{misc_args} "
-            f"{teacher_args} "
+        wandb_args = U.get_default_wandb_args(__file__, run_name_prefix=f"{tcod_mode}_{opd_type}")
+        train_args = "".join(
+            (ckpt_args, rollout_args, optimizer_args, grpo_args, tcod_args, wandb_args, perf_args, eval_args)
+            + (sglang_args, ci_args, misc_args, teacher_args)
         )
 
         U.execute_train(
@@ -275,4 +213,6 @@ if __name__ == "__main__":
     prepare()
     for proxy_var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         os.environ.pop(proxy_var, None)
-    execute(args.tcod_mode, args.opd_type)
+    for tcod_mode in [args.tcod_mode] if args.tcod_mode else ["f2b", "b2f"]:
+        for opd_type in [args.opd_type] if args.opd_type else ["sglang", "megatron"]:
+            execute(tcod_mode, opd_type)

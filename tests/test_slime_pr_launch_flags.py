@@ -34,11 +34,7 @@ def convert_checkpoint(**kwargs):
 def get_default_wandb_args(test_file, run_name_prefix=None, run_id=None):
     return ""
 def save_to_temp_file(text, ext):
-    import tempfile
-    fd, path = tempfile.mkstemp(suffix="." + ext)
-    with open(fd, "w") as f:
-        f.write(text)
-    return path
+    raise AssertionError("the checker must keep its temp files to itself")
 def execute_train(**kwargs):
     raise AssertionError("the checker must replace execute_train")
 """
@@ -72,7 +68,7 @@ def test_flags_are_the_option_tokens():
 
 def test_launch_script_arguments_are_extracted_with_stubs(tmp_path):
     tree = _fake_tree(tmp_path / "tree")
-    launches = clf.script_launches(tree)
+    launches = clf.script_launches(tree, tmp_path)
     assert [launch.problems for launch in launches] == [[]] * len(clf.SCRIPT_RUNS)
     for run, launch in zip(clf.SCRIPT_RUNS, launches, strict=True):
         argv = launch.argv
@@ -103,13 +99,13 @@ def test_e2e_test_arguments_are_captured_without_running_anything(tmp_path):
     code = (
         "import json, sys; from pathlib import Path; import check_launch_flags as c\n"
         "out = [dict(name=l.name, argv=l.argv, teacher=l.teacher_argv, problems=l.problems)"
-        " for l in c.test_launches(Path(sys.argv[1]))]\n"
+        " for l in c.test_launches(Path(sys.argv[1]), Path(sys.argv[2]))]\n"
         "print(json.dumps(out))\n"
     )
     # A fresh interpreter away from this repository: the stand-in slime package must win over ours.
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT / 'tools' / 'slime_pr'}"}
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(tree)], capture_output=True, text=True, env=env, cwd=tmp_path
+        [sys.executable, "-c", code, str(tree), str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     launches = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -183,3 +179,13 @@ def test_launch_flags_on_the_ported_upstream_tree(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("launches, 0 problems")
+
+
+def test_pr_test_entry_goes_after_the_opd_test_once():
+    from tools.slime_pr import pr_test_entry as entry
+
+    template = f"<% set megatron_tests = [\n    {entry.ANCHOR}\n    {{'test_file': 'x.py', 'num_gpus': 4}},\n] %>\n"
+    edited = entry.edit_template(template)
+    assert edited.splitlines()[2] == "    " + entry.ENTRY and entry.edit_template(edited) == edited
+    with pytest.raises(entry.RegisterError):
+        entry.edit_template(template.replace(entry.ANCHOR, ""))

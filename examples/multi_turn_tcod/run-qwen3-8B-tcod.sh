@@ -1,19 +1,16 @@
 #!/bin/bash
 
-# TCOD, temporal curriculum on-policy distillation (arXiv:2604.24005), on a multi-turn environment:
+# TCOD (temporal curriculum on-policy distillation, arXiv:2604.24005) on a multi-turn environment:
 # Qwen3-8B student trained with Megatron, Qwen3-32B teacher on its own SGLang server.
 #
 # usage: TCOD_MODE=f2b TASK_ENV=scienceworld bash examples/multi_turn_tcod/run-qwen3-8B-tcod.sh
-#
-#   TCOD_MODE     f2b (front to back: the student plays the first k turns) or b2f (back to front: the
-#                 expert's actions replay the start, the student plays the last k turns)
-#   TASK_ENV      scienceworld (the paper's setting) or gridnav (built-in puzzle, no extra dependency)
-#   STUDENT, STUDENT_TORCH_DIST, TEACHER, DATA, EVAL_DATA, SAVE: paths (defaults below)
+#   TCOD_MODE  f2b (the student plays the first k turns) or b2f (expert actions replay the start,
+#              the student plays the last k turns); k grows by one every eta rollout steps
+#   TASK_ENV   scienceworld (the paper's setting) or gridnav (built-in puzzle)
+#   STUDENT, STUDENT_TORCH_DIST (tools/convert_hf_to_torch_dist.py), TEACHER, DATA, EVAL_DATA, SAVE: paths
 #   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
-#
-# Data: one jsonl row per task, with its expert actions for b2f, e.g.
+# Data, one task per row with its expert actions:
 #   python -m examples.multi_turn_tcod.envs.make_data --env gridnav --n 2000 --seed 0 --out train.jsonl
-# STUDENT_TORCH_DIST is the student converted by tools/convert_hf_to_torch_dist.py.
 
 set -ex
 
@@ -28,30 +25,20 @@ SAVE=${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}
 NUM_GPUS=${NUM_GPUS:-8}
 TEACHER_GPUS=${TEACHER_GPUS:-2}
 ACTOR_GPUS=${ACTOR_GPUS:-2}
+TRAIN_GPUS=$((NUM_GPUS - TEACHER_GPUS))
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 SLIME_DIR="$(cd -- "${SCRIPT_DIR}/../.." &>/dev/null && pwd)"
 cd "${SLIME_DIR}"
 
-# Horizon k_max (= max_turns), curriculum speed eta and step budget. ScienceWorld: the paper's values.
+# Horizon k_max (= max_turns), curriculum speed eta and steps; ScienceWorld's are the paper's.
 case "${TASK_ENV}" in
-   scienceworld)
-      MAX_TURNS=30
-      NUM_ROLLOUT=250
-      if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi
-      ;;
-   gridnav)
-      MAX_TURNS=12
-      NUM_ROLLOUT=60
-      ETA=3
-      ;;
-   *)
-      echo "TASK_ENV must be scienceworld or gridnav, got ${TASK_ENV}" >&2
-      exit 1
-      ;;
+   scienceworld) MAX_TURNS=30; NUM_ROLLOUT=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
+   gridnav) MAX_TURNS=12; NUM_ROLLOUT=60; ETA=3 ;;
+   *) echo "TASK_ENV must be scienceworld or gridnav, got ${TASK_ENV}" >&2; exit 1 ;;
 esac
 
-# Multi-turn settings are read from YAML (--custom-config-path); the shipped file is ScienceWorld's.
+# Multi-turn settings come from YAML (--custom-config-path); the shipped file is ScienceWorld's.
 CUSTOM_CONFIG=examples/multi_turn_tcod/multi_turn_tcod_config.yaml
 if [ "${MAX_TURNS}" != 30 ]; then
    mkdir -p "${SAVE}"
@@ -59,26 +46,15 @@ if [ "${MAX_TURNS}" != 30 ]; then
    CUSTOM_CONFIG="${SAVE}/multi_turn_tcod_config.yaml"
 fi
 
-
 # Start the teacher model server on the last TEACHER_GPUS devices; Ray never sees them.
 TEACHER_IP="127.0.0.1"
 TEACHER_PORT=13141
 LOG_FILE="/tmp/sglang_$(head /dev/urandom | tr -dc A-Za-z0-9 | head -c 6).log"
-TRAIN_GPUS=$((NUM_GPUS - TEACHER_GPUS))
-ROLLOUT_GPUS=$((TRAIN_GPUS - ACTOR_GPUS))
-
 CUDA_VISIBLE_DEVICES=$(seq -s, ${TRAIN_GPUS} $((NUM_GPUS - 1))) python3 -m sglang.launch_server \
-    --model-path "${TEACHER}" \
-    --host 0.0.0.0 \
-    --port $TEACHER_PORT \
-    --tp-size ${TEACHER_GPUS} \
-    --chunked-prefill-size 4096 \
-    --mem-fraction-static 0.7 \
-    > "$LOG_FILE" 2>&1 &
+    --model-path "${TEACHER}" --host 0.0.0.0 --port $TEACHER_PORT --tp-size ${TEACHER_GPUS} \
+    --chunked-prefill-size 4096 --mem-fraction-static 0.7 > "$LOG_FILE" 2>&1 &
 TEACHER_PID=$!
 trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT
-
-echo "Starting teacher model server..."
 until curl -sf http://$TEACHER_IP:$TEACHER_PORT/health_generate > /dev/null; do
     kill -0 ${TEACHER_PID} || { echo "teacher server exited, see $LOG_FILE" >&2; exit 1; }
     echo "Waiting for the teacher model server to start..."
@@ -86,21 +62,12 @@ until curl -sf http://$TEACHER_IP:$TEACHER_PORT/health_generate > /dev/null; do
     sleep 5
 done
 curl http://$TEACHER_IP:$TEACHER_PORT/get_model_info
-echo "Teacher model server is up and running at $TEACHER_IP:$TEACHER_PORT."
-
 
 export PYTHONUNBUFFERED=1
-
 NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l)
-if [ "$NVLINK_COUNT" -gt 0 ]; then
-    HAS_NVLINK=1
-else
-    HAS_NVLINK=0
-fi
-echo "HAS_NVLINK: $HAS_NVLINK (detected $NVLINK_COUNT NVLink references)"
+if [ "$NVLINK_COUNT" -gt 0 ]; then HAS_NVLINK=1; else HAS_NVLINK=0; fi
 
 source "${SLIME_DIR}/scripts/models/qwen3-8B.sh"
-
 
 CKPT_ARGS=(
    --hf-checkpoint "${STUDENT}"
@@ -112,25 +79,29 @@ CKPT_ARGS=(
 
 ROLLOUT_ARGS=(
    --prompt-data "${DATA}"
-   --input-key input
-   --label-key label
-   --metadata-key metadata
+   --input-key input --label-key label --metadata-key metadata
    --rollout-shuffle
    --num-rollout ${NUM_ROLLOUT}
    # 16 tasks per step, one episode each, one optimizer step per rollout
    --rollout-batch-size 16
    --n-samples-per-prompt 1
+   --global-batch-size 16
    --rollout-max-response-len 16384
    --rollout-temperature 1.0
-   --rollout-top-p 1.0
-
-   --global-batch-size 16
-   --balance-data
-
-   # the agent loop; max_turns, max_turn_response_len and the env come from the YAML
+   # the agent loop; max_turns, max_turn_response_len and the environment come from the YAML
    --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
    --custom-config-path "${CUSTOM_CONFIG}"
    --custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data
+)
+
+TCOD_ARGS=(
+   --use-tcod
+   # gives each episode its curriculum depth; evaluation plays full episodes
+   --rollout-function-path slime.rollout.tcod.generate_rollout
+   --tcod-mode ${TCOD_MODE}
+   --tcod-k-start 1
+   --tcod-eta ${ETA}
+   --tcod-k-max ${MAX_TURNS}
 )
 
 RM_ARGS=(
@@ -145,7 +116,6 @@ EVAL_ARGS=(
    --n-samples-per-eval-prompt 1
    --eval-max-response-len 16384
    --eval-temperature 0.4
-   --eval-top-p 1.0
 )
 
 PERF_ARGS=(
@@ -176,16 +146,6 @@ GRPO_ARGS=(
    --eps-clip 0.2
 )
 
-TCOD_ARGS=(
-   --use-tcod
-   # episodes get their curriculum depth here; evaluation plays full episodes
-   --rollout-function-path slime.rollout.tcod.generate_rollout
-   --tcod-mode ${TCOD_MODE}
-   --tcod-k-start 1
-   --tcod-eta ${ETA}
-   --tcod-k-max ${MAX_TURNS}
-)
-
 OPTIMIZER_ARGS=(
    --optimizer adam
    --lr 1e-6
@@ -199,7 +159,6 @@ WANDB_ARGS=(
    # --use-wandb
    # --wandb-project slime-dev
    # --wandb-group qwen3-8B-tcod-${TASK_ENV}-${TCOD_MODE}
-   # --wandb-key ${WANDB_KEY}
 )
 
 SGLANG_ARGS=(
@@ -215,11 +174,10 @@ MISC_ARGS=(
    --attention-backend flash
 )
 
-
 # launch the master node of ray in container, on the devices the teacher does not use
 export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((TRAIN_GPUS - 1)))
 export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus ${TRAIN_GPUS} --disable-usage-stats --dashboard-host=0.0.0.0 --dashboard-port=8265
+ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus ${TRAIN_GPUS} --disable-usage-stats
 
 RUNTIME_ENV_JSON="{
   \"env_vars\": {
@@ -234,13 +192,13 @@ ray job submit --address="http://127.0.0.1:8265" \
    -- python3 train.py \
    --actor-num-nodes 1 \
    --actor-num-gpus-per-node ${ACTOR_GPUS} \
-   --rollout-num-gpus ${ROLLOUT_GPUS} \
+   --rollout-num-gpus $((TRAIN_GPUS - ACTOR_GPUS)) \
    "${MODEL_ARGS[@]}" \
    "${CKPT_ARGS[@]}" \
    "${ROLLOUT_ARGS[@]}" \
+   "${TCOD_ARGS[@]}" \
    "${OPTIMIZER_ARGS[@]}" \
    "${GRPO_ARGS[@]}" \
-   "${TCOD_ARGS[@]}" \
    "${WANDB_ARGS[@]}" \
    "${PERF_ARGS[@]}" \
    "${EVAL_ARGS[@]}" \
@@ -248,6 +206,4 @@ ray job submit --address="http://127.0.0.1:8265" \
    "${MISC_ARGS[@]}" \
    "${RM_ARGS[@]}"
 
-
-####clear after training
 ray stop --force

@@ -48,6 +48,7 @@ import sys
 import tempfile
 import traceback
 import types
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,8 +63,6 @@ MUST_EXIST = ("--ref-load", "--opd-teacher-load")
 # the wheel; pp/dp size and dp attention are read by upstream's sglang validate_args.
 SGLANG_FALLBACK = {
     "mem_fraction_static": ("float", None),
-    "cuda_graph_max_bs": ("int", None),
-    "enable_metrics": ("bool", False),
     "pp_size": ("int", 1),
     "dp_size": ("int", 1),
     "enable_dp_attention": ("bool", False),
@@ -105,8 +104,11 @@ def _flags(argv: list[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
 
 
-def script_launches(slime_dir: Path) -> list[Launch]:
-    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE x TASK_ENV."""
+def script_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
+    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE x TASK_ENV.
+
+    Files the script wrote and names on the command line (the gridnav YAML) are moved to ``keep_dir``.
+    """
     launches = []
     for run in SCRIPT_RUNS:
         name = f"{SCRIPT} " + " ".join(f"{k}={v}" for k, v in run.items())
@@ -146,7 +148,7 @@ def script_launches(slime_dir: Path) -> list[Launch]:
             else:
                 launch.teacher_argv = teachers[0]
             # Copy the YAML out of the temp dir before it goes: validation reads it later.
-            launch.argv = _keep_temp_files(launch.argv, Path(tmp))
+            launch.argv = _keep_temp_files(launch.argv, Path(tmp), keep_dir)
         launches.append(launch)
     return launches
 
@@ -163,16 +165,20 @@ def _runtime_env(ray_args: list[str]) -> tuple[dict[str, str], list[str]]:
     return {}, ["`ray job submit` has no --runtime-env-json"]
 
 
-def _keep_temp_files(argv: list[str], tmp: Path) -> list[str]:
+def _keep_temp_files(argv: list[str], tmp: Path, keep_dir: Path) -> list[str]:
     out = []
     for arg in argv:
         if arg.startswith(str(tmp)) and Path(arg).is_file():
-            fd, kept = tempfile.mkstemp(suffix=Path(arg).suffix, prefix="check_launch_flags_")
-            os.write(fd, Path(arg).read_bytes())
-            os.close(fd)
-            arg = kept
+            kept = Path(tempfile.mkdtemp(dir=keep_dir), Path(arg).name)
+            kept.write_bytes(Path(arg).read_bytes())
+            arg = str(kept)
         out.append(arg)
     return out
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
 
 
 def _model_args(slime_dir: Path, model_type: str | None) -> list[str]:
@@ -193,8 +199,8 @@ class _Captured(Exception):
     pass
 
 
-def test_launches(slime_dir: Path) -> list[Launch]:
-    """The e2e test's four runs, with ``U.execute_train`` recording instead of launching."""
+def test_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
+    """The e2e test's four runs, with ``U.execute_train`` recording instead of launching (temp files in keep_dir)."""
     import slime.utils.external_utils.command_utils as U
 
     spec = importlib.util.spec_from_file_location("_tcod_e2e_test", slime_dir / E2E_TEST)
@@ -202,7 +208,7 @@ def test_launches(slime_dir: Path) -> list[Launch]:
     spec.loader.exec_module(module)
     launches = []
     saved_env = dict(os.environ)
-    saved = U.execute_train, U.exec_command
+    saved = U.execute_train, U.exec_command, U.save_to_temp_file
     seen = {}
 
     def record(train_args, num_gpus_per_node, megatron_model_type, before_ray_job_submit=None, **kwargs):
@@ -223,6 +229,7 @@ def test_launches(slime_dir: Path) -> list[Launch]:
             name = f"{E2E_TEST} --tcod-mode {tcod_mode} --opd-type {opd_type}"
             seen.clear()
             U.execute_train, U.exec_command = record, lambda *a, **k: ""
+            U.save_to_temp_file = lambda text, ext: _write(Path(tempfile.mkdtemp(dir=keep_dir), f"file.{ext}"), text)
             module.subprocess = types.SimpleNamespace(Popen=record_popen, STDOUT=None)
             module.open = lambda *a, **k: io.StringIO()  # the teacher's log file
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(getattr(module, "NUM_GPUS", 8))))
@@ -241,7 +248,7 @@ def test_launches(slime_dir: Path) -> list[Launch]:
                     launch.problems.append("a teacher server must be launched iff --opd-type sglang")
             launches.append(launch)
     finally:
-        U.execute_train, U.exec_command = saved
+        U.execute_train, U.exec_command, U.save_to_temp_file = saved
         os.environ.clear()
         os.environ.update(saved_env)
     return launches
@@ -372,9 +379,12 @@ def import_upstream(slime_dir: Path, megatron_dir: Path, sglang_specs: list[dict
         if importlib.util.find_spec(name) is None:
             _stand_in(name)
     _sglang_stand_in(sglang_specs)
-    with contextlib.redirect_stdout(io.StringIO()):  # import-time notices (missing apex, deep_ep, ...)
-        arguments = importlib.import_module("slime.utils.arguments")
-        importlib.import_module("slime.backends.megatron_utils.arguments")
+    # Import-time notices (no apex, no deep_ep, ...) say nothing about the flags.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            arguments = importlib.import_module("slime.utils.arguments")
+            importlib.import_module("slime.backends.megatron_utils.arguments")
     if not arguments.__file__.startswith(str(slime_dir)):
         raise RuntimeError(f"slime was imported from {arguments.__file__}, not from {slime_dir}")
     return arguments
@@ -531,13 +541,13 @@ def main(argv=None) -> int:
     if opts.sglang_server_args is None:
         print(f"note: no --sglang-server-args; only these --sglang-* fields are known: {sorted(SGLANG_FALLBACK)}")
 
-    launches = script_launches(slime_dir)  # before the import: it runs bash only
-    arguments = import_upstream(slime_dir, megatron_dir, read_server_args(opts.sglang_server_args))
-    launches += test_launches(slime_dir)
-    known = known_flags(arguments)
     sglang_specs = read_server_args(opts.sglang_server_args)
     n_problems = 0
     with tempfile.TemporaryDirectory() as tmp:
+        launches = script_launches(slime_dir, Path(tmp))  # before the import: it runs bash only
+        arguments = import_upstream(slime_dir, megatron_dir, sglang_specs)
+        launches += test_launches(slime_dir, Path(tmp))
+        known = known_flags(arguments)
         for launch in launches:
             counts = check(launch, arguments, known, Path(tmp)) if launch.argv else {}
             if launch.teacher_argv is not None and opts.sglang_server_args is not None:

@@ -3,11 +3,11 @@
     python tools/slime_pr/pr_test_entry.py SLIME_DIR
 
 Upstream lists its GPU tests in ``.github/workflows/pr-test.yml.j2`` (``{'test_file': ..., 'num_gpus': N}``
-entries, argv in ``test_args``) and renders ``pr-test.yml`` from it with
-``.github/workflows/generate_github_workflows.py`` (needs jinja2). ``tests/test_qwen3_0.6B_tcod.py`` joins
-``megatron_tests`` right after ``test_qwen2.5_0.5B_opd_sglang.py``, the OPD test it extends: one entry per
-TCOD mode and teacher type, as ``test_qwen3_4B_ckpt.py`` has one per optimizer placement.
-``megatron_tests`` runs in the ``run-ci-megatron`` job and, on the test image, in ``run-ci-image``.
+entries) and renders ``pr-test.yml`` from it with ``.github/workflows/generate_github_workflows.py`` (needs
+jinja2). ``tests/test_qwen3_0.6B_tcod.py`` joins ``megatron_tests`` right after
+``test_qwen2.5_0.5B_opd_sglang.py``, the OPD test it extends; without ``test_args`` it runs its four
+cases (F2B, B2F, each with the server and the Megatron teacher) in sequence. ``megatron_tests`` runs in
+the ``run-ci-megatron`` job and, on the test image, in ``run-ci-image``.
 """
 
 from __future__ import annotations
@@ -22,38 +22,26 @@ RENDERED = ".github/workflows/pr-test.yml"
 GENERATOR = ".github/workflows/generate_github_workflows.py"
 ANCHOR = "{'test_file': 'test_qwen2.5_0.5B_opd_sglang.py', 'num_gpus': 8},"
 TEST_FILE = "test_qwen3_0.6B_tcod.py"
-NUM_GPUS = 4  # = NUM_GPUS of the test (the changed-tests job reads it from there)
-ENTRIES = tuple(
-    f"{{'test_file': '{TEST_FILE}', 'test_args': '--tcod-mode {mode} --opd-type {opd}', 'num_gpus': {NUM_GPUS}}},"
-    for mode in ("f2b", "b2f")
-    for opd in ("sglang", "megatron")
-)
+# num_gpus is the test's NUM_GPUS (the changed-tests job reads it from the file instead).
+ENTRY = f"{{'test_file': '{TEST_FILE}', 'num_gpus': 4}},"
 
 
 class RegisterError(ValueError):
-    """The template is not the one these entries were written for."""
-
-
-def _lines(indent: str) -> str:
-    return "".join(f"{indent}{entry}\n" for entry in ENTRIES)
-
-
-# One entry's text, whatever the indentation (what a check that the test is registered looks for).
-ENTRY = ENTRIES[0]
+    """The template is not the one this entry was written for."""
 
 
 def edit_template(text: str) -> str:
-    """The template with ENTRIES right after the OPD entry; unchanged when they are already there."""
-    if all(entry in text for entry in ENTRIES):
+    """The template with ENTRY on the line after the OPD entry, same indentation; unchanged if it is there."""
+    if ENTRY in text:
         return text
     if TEST_FILE in text:
-        raise RegisterError(f"{TEMPLATE} names {TEST_FILE} but not with these entries; fix it by hand")
+        raise RegisterError(f"{TEMPLATE} names {TEST_FILE} but not as {ENTRY!r}; fix it by hand")
     lines = text.splitlines(keepends=True)
     anchors = [i for i, line in enumerate(lines) if line.strip() == ANCHOR]
     if len(anchors) != 1:
         raise RegisterError(f"{TEMPLATE}: the line {ANCHOR!r} is there {len(anchors)} times, not once")
     anchor = lines[anchors[0]]
-    lines.insert(anchors[0] + 1, _lines(anchor[: len(anchor) - len(anchor.lstrip())]))
+    lines.insert(anchors[0] + 1, anchor.replace(ANCHOR, ENTRY))
     return "".join(lines)
 
 
@@ -63,7 +51,7 @@ def render(slime_dir) -> None:
 
 
 def register(slime_dir) -> bool:
-    """Insert the entries into SLIME_DIR's template and re-render; returns whether anything changed."""
+    """Insert the entry into SLIME_DIR's template and re-render; returns whether anything changed."""
     slime_dir = Path(slime_dir)
     path, rendered = slime_dir / TEMPLATE, slime_dir / RENDERED
     if not path.is_file() or not (slime_dir / GENERATOR).is_file():
@@ -86,7 +74,7 @@ def main(argv=None) -> int:
     except RegisterError as err:
         print(f"pr_test_entry: {err}", file=sys.stderr)
         return 1
-    print(f"{TEMPLATE}: {TEST_FILE} {'registered' if changed else 'was registered already'} ({len(ENTRIES)} entries)")
+    print(f"{TEMPLATE}: {TEST_FILE} {'registered' if changed else 'was registered already'}")
     return 0
 
 
