@@ -105,7 +105,7 @@ def test_list_of_samples_from_a_generate_function(teacher, teacher_model, tok):
     replies = run(lambda: opd.reward_func(args, group))
     assert isinstance(replies, list) and len(replies) == 2 and group[0].reward is replies[0]
     raw, rewards = opd.post_process_rewards(args, [group])
-    assert rewards == [0.0, 1.0]
+    assert raw == [0.0, 1.0] and rewards == [0.0, 0.0]
     for s in group:
         assert (torch.tensor(s.teacher_log_probs) - response_logprobs(teacher_model, s)).abs().max() <= 1e-4
 

@@ -2,8 +2,8 @@
 
 Two contracts are accepted:
 
-* **upstream slime's** (``examples/geo3k_vlm_multi_turn``): the path names a module exposing
-  ``build_env(sample, args)``. Its env has ``reset()``, ``step(response_text) ->
+* **upstream slime's** (``examples/geo3k_vlm_multi_turn``): the path names a module (or a ``.py``
+  file) exposing ``build_env(sample, args)``. Its env has ``reset()``, ``step(response_text) ->
   (observation, done, info)``, ``format_observation(observation) -> message`` and ``close()``. The
   step reward is read from ``info["reward"]`` (else ``info["score"]``, else 0); success from
   ``info["success"]``. When ``reset()`` gives no observation, the task text is ``sample.prompt``.
@@ -20,7 +20,9 @@ import importlib
 import importlib.util
 import logging
 import math
+import sys
 import threading
+from pathlib import Path
 
 from slime.utils.misc import load_function
 
@@ -102,14 +104,28 @@ async def close_env(env, seconds: float, sample):
 _BUILDERS: dict[str, object] = {}
 
 
+def _module_from_file(path: Path):
+    name = f"slime_interaction_env_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import the environment module {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _resolve(path: str):
     """(kind, callable): ("build_env", fn) for upstream's module contract, ("make_env", fn) otherwise."""
-    try:
-        module = importlib.import_module(path)
-    except ModuleNotFoundError as err:
-        if err.name != path:  # the module exists but one of its own imports is missing
-            raise
-        module = None
+    if path.endswith(".py") and Path(path).is_file():  # a file path, as upstream's geo3k example accepts
+        module = _module_from_file(Path(path))
+    else:
+        try:
+            module = importlib.import_module(path)
+        except ModuleNotFoundError as err:
+            if err.name != path:  # the module exists but one of its own imports is missing
+                raise
+            module = None
     if module is not None:
         build = getattr(module, "build_env", None)
         if not callable(build):
