@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from examples.agent_envs import make_env
-from examples.multi_turn_tcod.envs.scienceworld_env import NO_MATCH, SERVERS, ScienceWorldError
+from examples.agent_envs.scienceworld_env import NO_MATCH, SERVERS, ScienceWorldError
 from slime.utils.types import Sample
 
 TASK = {"env": "scienceworld", "task": "find-non-living-thing", "variation": 0}  # gold path: 5 actions

@@ -5,7 +5,7 @@ import asyncio
 import string
 
 import pytest
-from examples.multi_turn_tcod import rollout
+from examples.multi_turn_tcod import metrics, rollout
 from examples.multi_turn_tcod.envs import build_env
 from examples.multi_turn_tcod.envs.make_data import task_rows
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -163,3 +163,21 @@ def test_environment_contract(tasks):
         assert isinstance(observation, str) and isinstance(info["reward"], float)
     assert done and info["success"]
     env.close()
+
+
+def test_rollout_log_hook_metrics_and_ci_checks(monkeypatch, tokenizer, tasks):
+    args = make_args(tcod_mode="f2b", use_opd=True, opd_type="sglang", ci_test=True)
+    sample, _ = play(monkeypatch, tokenizer, args, tasks[0], step=2, policy=lambda i: "noop")  # depth 2
+    teacher = [-0.25] * sample.response_length  # the teacher's reply, as upstream logs it before post-processing
+    sample.reward = {"meta_info": {"input_token_logprobs": [[None, 0, None]] + [[t, 0, None] for t in teacher]}}
+    extra = {}
+    assert metrics.log_rollout_data(2, args, [[sample]], extra, 0.0) is False
+    trained = sum(sample.loss_mask)
+    assert extra["tcod/depth"] == 2 and extra["tcod/turns"] == 2 and extra["tcod/teacher_scored"] == 1.0
+    assert extra["tcod/kl_mean"] == pytest.approx(-0.25) and extra["tcod/kl_turn_2"] == pytest.approx(-0.25)
+    assert extra["tcod/kl_trajectory_mean"] == pytest.approx(-0.25 * trained)
+    with pytest.raises(AssertionError, match="expected depth 3"):
+        metrics.log_rollout_data(4, args, [sample], {}, 0.0)  # k(4) = 3: this sample was planned at 2
+    sample.reward = None
+    with pytest.raises(AssertionError, match="unscored"):
+        metrics.log_rollout_data(2, args, [sample], {}, 0.0)

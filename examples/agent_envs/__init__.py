@@ -9,6 +9,7 @@ from examples.multi_turn_tcod import envs as _example_envs
 
 ENV_MODULES = {
     **_example_envs.ENV_MODULES,
+    "scienceworld": "examples.agent_envs.scienceworld_env",
     "hanoi": "examples.agent_envs.hanoi",
     "textworld": "examples.agent_envs.textworld_env",
     "alfworld": "examples.agent_envs.alfworld_env",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def require_data_dir(env_name: str, metadata: dict, env_var: str, how_to_get: str) -> Path:
@@ -26,3 +30,49 @@ def require_data_dir(env_name: str, metadata: dict, env_var: str, how_to_get: st
             f"does not exist. {how_to_get}"
         )
     return path
+
+
+def close_quietly(resource, close: Callable[[Any], None] | None = None) -> None:
+    """Close a resource that may already be broken (a crashed JVM, a dead game): nothing to free then."""
+    if resource is None:
+        return
+    try:
+        (close or (lambda r: r.close()))(resource)
+    except Exception:
+        pass
+
+
+class ResourcePool:
+    """Idle heavy resources (a JVM, a product catalogue) kept per process for the next episode.
+
+    Episodes run concurrently, so each takes its own resource; a finished episode gives it back, a
+    failed one discards it (its state is unknown). At most ``max_idle`` are kept; all close at exit.
+    """
+
+    def __init__(self, create: Callable[[], Any], close: Callable[[Any], None], max_idle: int = 8):
+        self._create, self._close, self.max_idle = create, close, max_idle
+        self._idle: list = []
+        self._lock = threading.Lock()
+        atexit.register(self.close_all)
+
+    def acquire(self):
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._create()
+
+    def release(self, resource) -> None:
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(resource)
+                return
+        self.discard(resource)
+
+    def discard(self, resource) -> None:
+        close_quietly(resource, self._close)
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for resource in idle:
+            self.discard(resource)

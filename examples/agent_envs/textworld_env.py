@@ -24,7 +24,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from examples.multi_turn_tcod.envs.common import close_quietly, int_param, pick_params, sample_metadata
+from examples.agent_envs.common import close_quietly
+from examples.multi_turn_tcod.envs.common import int_param, pick_params, sample_metadata
 
 _generate_lock = threading.Lock()
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from examples.agent_envs.common import require_data_dir
-from examples.multi_turn_tcod.envs.common import ResourcePool, int_param, sample_metadata
+from examples.agent_envs.common import ResourcePool
+from examples.multi_turn_tcod.envs.common import int_param, sample_metadata
 
 HOW_TO_GET = ("Set up WebShop locally: `git clone https://github.com/princeton-nlp/WebShop`, then run its "
               "`./setup.sh -d small` (or `-d all`), which downloads the product data and builds the search "

@@ -6,12 +6,11 @@ One trajectory is one ``Sample``::
     response = action_1 <|im_end|>  obs_1  action_2 <|im_end|>  obs_2 ... action_T <|im_end|>
     obs_t    = "\\n<|im_start|>user\\n{observation}<|im_end|>\\n<|im_start|>assistant\\n"
 
-Actions (with their stop token) are trainable; observations are not; nothing follows the final
-action. Every piece is tokenized on its own with ``add_special_tokens=False`` and concatenated, so
-earlier turns are never re-tokenized: the ids the student sampled are the ids the teacher scores and
-the trainer trains on. ``obs_t`` starts with "\\n" because the chat template closes every message with
-``<|im_end|>\\n`` and the student stops at ``<|im_end|>``. This is ChatML (Qwen and the tiny local
-tokenizer); a tokenizer without ``<|im_end|>`` gets a clear error rather than a silent mismatch.
+Actions (with their stop token) are trainable, observations are not. Every piece is tokenized on its
+own (``add_special_tokens=False``) and appended, so earlier turns are never re-tokenized: the ids the
+student sampled are the ids the teacher scores. ``obs_t`` starts with "\\n" because the template ends
+every message with ``<|im_end|>\\n`` and the student stops at ``<|im_end|>``. A tokenizer without ChatML's
+``<|im_end|>`` gets a clear error.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ step's rollout metrics (and returns False, so the default logging still runs and
   a trajectory's trained tokens) and ``tcod/kl_turn_{t}`` (per-token mean of student turn ``t``), the
   official TCOD code's ``kl/mean`` and ``kl/trajectory_*``; ``tcod/teacher_scored`` (fraction scored).
 
-With ``--ci-test`` it asserts that every sample played the step's depth and, with a server teacher,
-that the teacher scored every trained trajectory.
+With ``--ci-test`` it asserts that every sample was planned at the step's depth (F2B: played no more
+turns) and, with a server teacher, that the teacher scored every trained trajectory.
 """
 
 from slime.rollout.tcod import curriculum_depth
@@ -76,10 +76,13 @@ def rollout_metrics(args, samples) -> dict:
     return out | _kl_metrics(trained)
 
 
-def _check_ci(args, rollout_id: int, metrics: dict) -> None:
+def _check_ci(args, rollout_id: int, samples, metrics: dict) -> None:
     if getattr(args, "use_tcod", False):
-        expected = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
-        assert metrics.get("tcod/depth") == expected, f"rollout {rollout_id}: depth {metrics.get('tcod/depth')}"
+        depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
+        for s in samples:
+            plan = s.metadata.get("episode_plan", {})
+            assert plan.get("depth") == depth, f"rollout {rollout_id}: plan {plan}, expected depth {depth}"
+            assert plan["mode"] != "f2b" or s.metadata["num_turns"] <= depth, f"rollout {rollout_id}: too many turns"
     if "tcod/teacher_scored" in metrics:
         assert metrics["tcod/teacher_scored"] == 1.0, f"rollout {rollout_id}: unscored trajectories"
 
@@ -94,9 +97,10 @@ def _flatten(samples):
 
 def log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool:
     """Upstream's ``--custom-rollout-log-function-path`` hook; returns False to keep the default logging."""
-    metrics = rollout_metrics(args, list(_flatten(samples)))
+    samples = list(_flatten(samples))
+    metrics = rollout_metrics(args, samples)
     if getattr(args, "ci_test", False):
-        _check_ci(args, rollout_id, metrics)
+        _check_ci(args, rollout_id, samples, metrics)
     if rollout_extra_metrics is not None:
         rollout_extra_metrics.update(metrics)
     return False

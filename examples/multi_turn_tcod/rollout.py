@@ -5,8 +5,7 @@
 ``--custom-config-path`` YAML (``multi_turn_tcod_config.yaml``).
 
 Token in, token out: the sequence grows only by the engine's sampled ids (trainable, with their
-log-probs) and encoded observations (masked), so the teacher and the trainer see exactly the tokens the
-student sampled. The episode follows ``sample.metadata["episode_plan"]`` written by
+log-probs) and encoded observations (masked). The episode follows ``sample.metadata["episode_plan"]`` written by
 ``slime.rollout.tcod.generate_rollout``: ``full`` plays up to ``max_turns``; ``f2b`` stops after
 ``depth`` student turns; ``b2f`` first replays ``max(0, L - depth)`` expert (or teacher) turns into the
 masked part, then the student plays to the end. ``metadata["outcome"]`` is one of done, cut, max_turns,
@@ -124,10 +123,6 @@ class Episode:
         self.total_reward = 0.0
         self.env_timeout = env_step_timeout(args)
 
-    def spawn(self, sample: Sample) -> "Episode":
-        """A fresh episode with the same settings (the B2F teacher plays one of its own)."""
-        return Episode(self.args, sample, self.tokenizer, self.evaluation)
-
     async def env_call(self, env, call: str, fn, *args):
         return await call_env(self.env_timeout, f"{env.label}: {call}", fn, *args)
 
@@ -141,11 +136,6 @@ class Episode:
         room = self.args.rollout_max_response_len - self.sample.response_length
         limit = token_room(self.args, len(self.sample.tokens), self.evaluation)
         return room if limit is None else min(room, limit)
-
-    def teacher_room(self) -> int:
-        """Tokens a B2F teacher-prefix turn may ask for: the sequence's room and the teacher's context."""
-        limit = request_room(self.args, len(self.sample.tokens), "teacher")
-        return self.room() if limit is None else min(self.room(), limit)
 
     def record_step(self, reward, info) -> None:
         self.turn_rewards.append(float(reward))

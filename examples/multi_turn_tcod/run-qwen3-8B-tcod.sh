@@ -1,27 +1,26 @@
 #!/bin/bash
 
-# TCOD (temporal curriculum on-policy distillation, arXiv:2604.24005) on a multi-turn environment:
+# TCOD (temporal curriculum on-policy distillation, arXiv:2604.24005) on the built-in gridnav tasks:
 # Qwen3-8B student trained with Megatron, Qwen3-32B teacher on its own SGLang server.
 #
-# usage: TCOD_MODE=f2b TASK_ENV=scienceworld bash examples/multi_turn_tcod/run-qwen3-8B-tcod.sh
+# usage: TCOD_MODE=f2b bash examples/multi_turn_tcod/run-qwen3-8B-tcod.sh
 #   TCOD_MODE  f2b (the student plays the first k turns) or b2f (expert actions replay the start,
 #              the student plays the last k turns); k grows by one every eta rollout steps
-#   TASK_ENV   scienceworld (the paper's setting) or gridnav (built-in puzzle)
 #   STUDENT, STUDENT_TORCH_DIST (tools/convert_hf_to_torch_dist.py), TEACHER, DATA, EVAL_DATA, SAVE: paths
 #   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
 # Data, one task per row with its expert actions:
-#   python -m examples.multi_turn_tcod.envs.make_data --env gridnav --n 2000 --seed 0 --out train.jsonl
+#   python -m examples.multi_turn_tcod.envs.make_data --env gridnav --size 8 --walls 0.2 --min-len 4 --max-len 12 \
+#       --n 2000 --seed 0 --out /root/data/tcod/gridnav_train.jsonl   (and --n 200 --seed 100000: gridnav_eval.jsonl)
 
 set -ex
 
 TCOD_MODE=${TCOD_MODE:-b2f}
-TASK_ENV=${TASK_ENV:-scienceworld}
 STUDENT=${STUDENT:-/root/models/Qwen3-8B}
 STUDENT_TORCH_DIST=${STUDENT_TORCH_DIST:-/root/models/Qwen3-8B_torch_dist}
 TEACHER=${TEACHER:-/root/models/Qwen3-32B}
-DATA=${DATA:-/root/data/tcod/${TASK_ENV}_train.jsonl}
-EVAL_DATA=${EVAL_DATA:-/root/data/tcod/${TASK_ENV}_eval.jsonl}
-SAVE=${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}
+DATA=${DATA:-/root/data/tcod/gridnav_train.jsonl}
+EVAL_DATA=${EVAL_DATA:-/root/data/tcod/gridnav_eval.jsonl}
+SAVE=${SAVE:-/root/ckpt/qwen3-8b-tcod-gridnav-${TCOD_MODE}}
 NUM_GPUS=${NUM_GPUS:-8}
 TEACHER_GPUS=${TEACHER_GPUS:-2}
 ACTOR_GPUS=${ACTOR_GPUS:-2}
@@ -31,20 +30,11 @@ SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 SLIME_DIR="$(cd -- "${SCRIPT_DIR}/../.." &>/dev/null && pwd)"
 cd "${SLIME_DIR}"
 
-# Horizon k_max (= max_turns), curriculum speed eta and steps; ScienceWorld's are the paper's.
-case "${TASK_ENV}" in
-   scienceworld) MAX_TURNS=30; NUM_ROLLOUT=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
-   gridnav) MAX_TURNS=12; NUM_ROLLOUT=60; ETA=3 ;;
-   *) echo "TASK_ENV must be scienceworld or gridnav, got ${TASK_ENV}" >&2; exit 1 ;;
-esac
-
-# Multi-turn settings come from YAML (--custom-config-path); the shipped file is ScienceWorld's.
+# k_max = max_turns of the YAML (12); TCOD's official settings otherwise (kl coef 1, lr 1e-6, 16 tasks per step).
+MAX_TURNS=12
+NUM_ROLLOUT=${NUM_ROLLOUT:-60}
+if [ "${TCOD_MODE}" = f2b ]; then ETA=${ETA:-6}; else ETA=${ETA:-5}; fi
 CUSTOM_CONFIG=examples/multi_turn_tcod/multi_turn_tcod_config.yaml
-if [ "${MAX_TURNS}" != 30 ]; then
-   mkdir -p "${SAVE}"
-   sed "s/^max_turns: .*/max_turns: ${MAX_TURNS}/" "${CUSTOM_CONFIG}" > "${SAVE}/multi_turn_tcod_config.yaml"
-   CUSTOM_CONFIG="${SAVE}/multi_turn_tcod_config.yaml"
-fi
 
 # Start the teacher model server on the last TEACHER_GPUS devices; Ray never sees them.
 TEACHER_IP="127.0.0.1"
@@ -61,7 +51,6 @@ until curl -sf http://$TEACHER_IP:$TEACHER_PORT/health_generate > /dev/null; do
     tail -n 10 "$LOG_FILE"
     sleep 5
 done
-curl http://$TEACHER_IP:$TEACHER_PORT/get_model_info
 
 export PYTHONUNBUFFERED=1
 NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l)
@@ -112,7 +101,7 @@ RM_ARGS=(
 
 EVAL_ARGS=(
    --eval-interval 25
-   --eval-prompt-data ${TASK_ENV} "${EVAL_DATA}"
+   --eval-prompt-data gridnav "${EVAL_DATA}"
    --n-samples-per-eval-prompt 1
    --eval-max-response-len 16384
    --eval-temperature 0.4
@@ -155,12 +144,6 @@ OPTIMIZER_ARGS=(
    --adam-beta2 0.98
 )
 
-WANDB_ARGS=(
-   # --use-wandb
-   # --wandb-project slime-dev
-   # --wandb-group qwen3-8B-tcod-${TASK_ENV}-${TCOD_MODE}
-)
-
 SGLANG_ARGS=(
    --rollout-num-gpus-per-engine 1
    --sglang-mem-fraction-static 0.7
@@ -199,7 +182,6 @@ ray job submit --address="http://127.0.0.1:8265" \
    "${TCOD_ARGS[@]}" \
    "${OPTIMIZER_ARGS[@]}" \
    "${GRPO_ARGS[@]}" \
-   "${WANDB_ARGS[@]}" \
    "${PERF_ARGS[@]}" \
    "${EVAL_ARGS[@]}" \
    "${SGLANG_ARGS[@]}" \

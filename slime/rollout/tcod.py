@@ -11,10 +11,9 @@ reproduce the official code:
 and attaches each step's plan to the samples as the data source hands them out; the agent loop
 (``examples/multi_turn_tcod/rollout.py``) reads it.
 
-One deliberate difference: the official prefix ``max(0, (L_exp - 1) - n // eta)`` is not capped by
-``k_max``; ours is, because the depth is. The two agree whenever ``L_exp <= k_max``. For an expert path
-longer than ``k_max`` (= ``--max-turns``) the official schedule eventually starts the student from
-reset with more turns to go than it is allowed to play; ours keeps the last ``k_max`` turns in reach.
+The official prefix ``max(0, (L_exp - 1) - n // eta)`` is not capped by ``k_max``; ours is, through the
+depth, so an expert path longer than ``k_max`` keeps its last ``k_max`` turns in reach. The two agree
+whenever ``L_exp <= k_max``.
 """
 
 

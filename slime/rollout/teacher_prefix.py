@@ -30,6 +30,7 @@ import json
 
 from examples.multi_turn_tcod.chat_layout import encode_observation, encode_prompt
 from examples.multi_turn_tcod.env_adapter import close_env
+from examples.multi_turn_tcod.rollout import Episode, request_room
 
 from slime.utils.types import Sample
 
@@ -120,6 +121,12 @@ CACHE = TeacherEpisodeCache()
 
 
 # ---------------------------------------------------------------------------- the teacher's episode
+def teacher_room(ep) -> int:
+    """Tokens a teacher turn may ask for: the sequence's room and the teacher server's own context."""
+    limit = request_room(ep.args, len(ep.sample.tokens), "teacher")
+    return ep.room() if limit is None else min(ep.room(), limit)
+
+
 def _teacher_params(sampling_params: dict, key: str) -> dict:
     params = dict(sampling_params)
     if params.get("sampling_seed") is not None:  # seeded only where the student is (deterministic engines)
@@ -140,7 +147,7 @@ async def play_teacher_episode(ep, sample: Sample, sampling_params: dict, key: s
         label=sample.label,
         metadata=copy.deepcopy(sample.metadata),
     )
-    teacher = ep.spawn(scratch)
+    teacher = Episode(ep.args, scratch, ep.tokenizer, ep.evaluation)
     params = _teacher_params(sampling_params, key)
     env = await teacher.build_env("build (teacher episode)")
     record = {"actions": [], "action_ids": [], "observations": [], "success": False, "end": "max_turns"}
@@ -149,7 +156,7 @@ async def play_teacher_episode(ep, sample: Sample, sampling_params: dict, key: s
         record["observations"].append(observation)
         scratch.tokens = list(encode_prompt(ep.tokenizer, observation))
         for turn in range(int(ep.args.max_turns)):
-            room = teacher.teacher_room()
+            room = teacher_room(teacher)
             if room <= 0:
                 record["end"] = "context_full"
                 break
@@ -207,7 +214,7 @@ async def replay_teacher_prefix(ep, env, plan: dict, observation: str, sampling_
     params = _teacher_params(sampling_params, key)
     for i in range(prefix):
         if live:
-            room = ep.teacher_room()
+            room = teacher_room(ep)
             if room <= 0:
                 return observation, "context_full", i
             out = await ep.sample_turn(ep.args.rm_url, i, params, salt=_TEACHER_SALT, room=room)

@@ -55,7 +55,7 @@ from pathlib import Path
 
 SCRIPT = "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"
 E2E_TEST = "tests/test_qwen3_0.6B_tcod.py"
-SCRIPT_RUNS = [{"TCOD_MODE": m, "TASK_ENV": e} for m in ("f2b", "b2f") for e in ("scienceworld", "gridnav")]
+SCRIPT_RUNS = [{"TCOD_MODE": m} for m in ("f2b", "b2f")]
 TEST_RUNS = [(m, o) for m in ("f2b", "b2f") for o in ("sglang", "megatron")]
 # Checkpoint flags whose path upstream's validation requires to exist.
 MUST_EXIST = ("--ref-load", "--opd-teacher-load")
@@ -105,7 +105,7 @@ def _flags(argv: list[str]) -> list[str]:
 
 
 def script_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
-    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE x TASK_ENV.
+    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE.
 
     Files the script wrote and names on the command line (the gridnav YAML) are moved to ``keep_dir``.
     """

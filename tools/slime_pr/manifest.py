@@ -31,7 +31,6 @@ EXAMPLE_FILES = (
     "examples/multi_turn_tcod/envs/__init__.py",
     "examples/multi_turn_tcod/envs/common.py",
     "examples/multi_turn_tcod/envs/gridnav.py",
-    "examples/multi_turn_tcod/envs/scienceworld_env.py",
     "examples/multi_turn_tcod/envs/make_data.py",
 )
 

@@ -15,7 +15,6 @@ from .common import sample_metadata
 # env name -> module holding make_env(args, sample) and task_metadata(seed, params)
 ENV_MODULES = {
     "gridnav": "examples.multi_turn_tcod.envs.gridnav",
-    "scienceworld": "examples.multi_turn_tcod.envs.scienceworld_env",
 }
 
 

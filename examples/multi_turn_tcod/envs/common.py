@@ -7,11 +7,8 @@ part of that contract; it only keeps the two built-in puzzles from writing the s
 
 from __future__ import annotations
 
-import atexit
 import json
 import random
-import threading
-from collections.abc import Callable
 from typing import Any
 
 
@@ -54,55 +51,9 @@ def task_rng(env_name: str, *parts) -> random.Random:
     return random.Random(":".join([env_name, *map(str, parts)]))
 
 
-def close_quietly(resource, close: Callable[[Any], None] | None = None) -> None:
-    """Close a resource that may already be broken (a crashed JVM, a dead game): nothing to free then."""
-    if resource is None:
-        return
-    try:
-        (close or (lambda r: r.close()))(resource)
-    except Exception:
-        pass
-
-
 def pick_params(env_name: str, seed: int, params: dict, keys) -> dict:
     """Task metadata for the data generator: the env name, the seed and the parameters given."""
     return {"env": env_name, "seed": seed, **{k: params[k] for k in keys if params.get(k) is not None}}
-
-
-class ResourcePool:
-    """Idle heavy resources (a JVM, a product catalogue) kept per process for the next episode.
-
-    Episodes run concurrently, so each takes its own resource; a finished episode gives it back, a
-    failed one discards it (its state is unknown). At most ``max_idle`` are kept; all close at exit.
-    """
-
-    def __init__(self, create: Callable[[], Any], close: Callable[[Any], None], max_idle: int = 8):
-        self._create, self._close, self.max_idle = create, close, max_idle
-        self._idle: list = []
-        self._lock = threading.Lock()
-        atexit.register(self.close_all)
-
-    def acquire(self):
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._create()
-
-    def release(self, resource) -> None:
-        with self._lock:
-            if len(self._idle) < self.max_idle:
-                self._idle.append(resource)
-                return
-        self.discard(resource)
-
-    def discard(self, resource) -> None:
-        close_quietly(resource, self._close)
-
-    def close_all(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for resource in idle:
-            self.discard(resource)
 
 
 def normalize_action(action: str) -> str:
@@ -185,11 +136,6 @@ class PuzzleEnv:
     def expert_actions(self) -> list[str]:
         """The optimal action sequence from the reset state (the same for every call)."""
         return list(self._expert)
-
-    def expert_action(self) -> str | None:
-        """The optimal next action from the current state (None when solved): a DAgger-style oracle."""
-        plan = self._solve(self.state if self.state is not None else self._start)
-        return plan[0] if plan else None
 
     # --------------------------------------------------------------- to implement
     def _initial_state(self):

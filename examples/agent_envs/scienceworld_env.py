@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 
-from .common import ResourcePool, int_param, sample_metadata
+from examples.agent_envs.common import ResourcePool
+from examples.multi_turn_tcod.envs.common import int_param, sample_metadata
 
 NO_MATCH = "No known action matches that input."
 
@@ -120,7 +121,7 @@ class ScienceWorldTextEnv:
 
 
 def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.scienceworld_env.make_env``."""
+    """Factory for ``--rollout-interaction-env-path examples.agent_envs.scienceworld_env.make_env``."""
     del args
     return ScienceWorldTextEnv(sample_metadata(sample))
 
