@@ -63,7 +63,7 @@ def _value(argv: list[str], flag: str) -> str:
 
 def test_flags_are_the_option_tokens():
     argv = ["--lr", "1e-6", "--eps-clip=0.2", "--rm-url", "http://h:1/generate", "-1", "--colocate"]
-    assert clf._flags(argv) == ["--lr", "--eps-clip", "--rm-url", "--colocate"]
+    assert clf.flags_of(argv) == ["--lr", "--eps-clip", "--rm-url", "--colocate"]
 
 
 def test_launch_script_arguments_are_extracted_with_stubs(tmp_path):

@@ -15,8 +15,9 @@ import warnings
 
 from slime.utils.argument_error import ArgumentError, fail as _fail
 from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
-from slime.utils.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args, validate_prefix_source
-from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args
+from slime.utils.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
+# The two names upstream's arguments.py gets from port.py, importable from here as there.
+from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args  # noqa: F401
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Positions per LM-head chunk: a few [chunk, vocab] float32 buffers (~0.6 MB per position each at Qwen3's
@@ -239,12 +240,6 @@ def add_logging_arguments(parser):
     return parser
 
 
-def add_tcod_group(parser):
-    # The same function upstream's parser gets from port.py, in a group of its own for --help.
-    add_tcod_arguments(parser.add_argument_group("TCOD temporal curriculum"))
-    return parser
-
-
 GROUPS = (
     add_cluster_arguments,
     add_checkpoint_arguments,
@@ -335,15 +330,6 @@ def _validate_opd_loss(args):
             "(--global-batch-size = --rollout-batch-size x --n-samples-per-prompt, the default) or --opd-loss full",
             stacklevel=3,
         )
-
-
-def _validate_tcod(args):
-    validate_multi_turn_args(args)
-    try:
-        validate_tcod_args(args)  # the same checks upstream runs (port.py splices them into slime_validate_args)
-    except ValueError as err:
-        _fail(str(err))
-    validate_prefix_source(args)
 
 
 def _validate_kl(args):
@@ -499,6 +485,6 @@ def validate_args(args):
     _validate_memory(args)
     validate_megatron_args(args)
     _validate_opd(args)
-    _validate_tcod(args)
+    validate_multi_turn_tcod_args(args)
     _validate_kl(args)
     return args

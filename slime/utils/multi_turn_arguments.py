@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from slime.utils.argument_error import fail as _fail
+from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args
 
 DEFAULT_ENV_STEP_TIMEOUT = 300.0
 
@@ -94,3 +95,19 @@ def validate_multi_turn_args(args) -> None:
         args.max_turn_response_len = args.rollout_max_response_len
     if args.max_turns is not None and not args.rollout_interaction_env_path:
         _fail("--max-turns is set but --rollout-interaction-env-path is not: name the environment")
+
+
+def add_tcod_group(parser):
+    # The same function upstream's parser gets from port.py, in a group of its own for --help.
+    add_tcod_arguments(parser.add_argument_group("TCOD temporal curriculum"))
+    return parser
+
+
+def validate_multi_turn_tcod_args(args):
+    """The YAML, the multi-turn flags, upstream's --tcod-* checks, then this runtime's prefix sources."""
+    validate_multi_turn_args(args)
+    try:
+        validate_tcod_args(args)  # the same checks upstream runs (port.py splices them into slime_validate_args)
+    except ValueError as err:
+        _fail(str(err))
+    validate_prefix_source(args)

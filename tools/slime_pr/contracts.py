@@ -206,7 +206,7 @@ def _result_for(data: dict, test_id: str) -> dict:
 def _stopped_earlier(ours: dict, theirs: dict) -> bool:
     """Did our run of the test stop at an earlier point of the test file than upstream's counterpart?"""
     a, b = ours.get("progress") or [0], theirs.get("progress") or [0]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             return x < y
     return False  # same point (or one path is a prefix of the other): not earlier

@@ -27,8 +27,6 @@ Prints one line per check and exits 1 if any failed.
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import signal
@@ -37,11 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # for tools.slime_pr.stubs; the upstream side takes it out again
+from tools.slime_pr import stubs  # noqa: E402
+
 STUBBED_PACKAGES = ("ray", "sglang", "sglang_router")  # GPU / cluster packages, never imported for real
 RESULTS: list[tuple[bool, str]] = []
 
@@ -53,36 +53,10 @@ def check(ok: bool, what: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- stubs
-class _StubModule(types.ModuleType):
-    """Any attribute is a do-nothing class: enough for import-time references in upstream's modules."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        stub = type(name, (), {"__init__": lambda self, *args, **kwargs: None})
-        setattr(self, name, stub)
-        return stub
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in STUBBED_PACKAGES:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _StubModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def use_upstream_tree(slime_dir: Path) -> None:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO]
     sys.path.insert(0, str(slime_dir))
-    sys.meta_path.insert(0, _StubFinder())
+    stubs.install(STUBBED_PACKAGES)
     import slime
 
     if Path(slime.__file__).resolve().parent != slime_dir / "slime":
@@ -238,7 +212,7 @@ def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: d
         layout_ok &= len(s.teacher_log_probs) == s.response_length
         if not s.remove_sample:
             scores = teacher_scores(teacher_model, s.tokens)[-s.response_length:]
-            teacher_ok &= max(abs(a - b) for a, b in zip(scores, s.teacher_log_probs)) < 1e-3
+            teacher_ok &= max(abs(a - b) for a, b in zip(scores, s.teacher_log_probs, strict=True)) < 1e-3
     check(layout_ok, f"{tag}: loss masks cover exactly the student turns; teacher log-probs per response token")
     check(teacher_ok, f"{tag}: teacher log-probs equal the teacher model's own scores")
 

@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.abc
-import importlib.machinery
 import json
-import random
 import subprocess
 import sys
 import tempfile
-import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # for tools.slime_pr.stubs; the upstream side takes it out again
+from tools.slime_pr import stubs  # noqa: E402
+
 TOL = 1e-6
 # Packages upstream imports that this CPU process cannot (or need not) load: stubbed for imports only.
 STUBBED_PACKAGES = (
@@ -55,126 +53,7 @@ OPD_HOOKS = "slime.rollout.on_policy_distillation"
 # return as the reward (the old port's behaviour).
 TASK_REWARD_HOOK = "_verify_objective_hooks.post_process_task_reward"
 
-CASES = (
-    # name, n_samples_per_prompt, rollout_batch_size, student log-probs from the rollout, opd_kl_coef
-    ("grpo_n1_rollout_logprobs", 1, 4, True, 1.0),
-    ("grpo_n4_rollout_logprobs", 4, 2, True, 1.0),
-    ("grpo_n1_recomputed", 1, 4, False, 0.5),
-    ("grpo_n4_recomputed", 4, 2, False, 0.5),
-)
-TASK_REWARDS = (1.0, 0.0, 0.5, -0.5, 2.0, 0.25, 1.0, -1.0)
-
-
-# ---------------------------------------------------------------------------- samples and the teacher
-def teacher_log_prob(token: int, position: int) -> float:
-    """The fake teacher's log-prob of ``token`` at ``position`` (deterministic, in [-4.01, -0.01])."""
-    return -0.01 - ((token * 2654435761 + position * 40503) % 1000) / 250.0
-
-
-def build_samples(n_samples_per_prompt: int, rollout_batch_size: int, seed: int) -> list[dict]:
-    """Multi-turn-like samples: student turns (mask 1) with observations between them (mask 0)."""
-    rng = random.Random(seed)
-    samples = []
-    for group in range(rollout_batch_size):
-        prompt = [rng.randrange(10, 1000) for _ in range(rng.randint(3, 6))]
-        for _ in range(n_samples_per_prompt):
-            index = len(samples)
-            response, mask, rollout_lp, recomputed_lp = [], [], [], []
-            turns = 1 + index % 3
-            for turn in range(turns):
-                if turn:  # an observation: not sampled by the student, log-prob 0.0 as agent loops record it
-                    n_obs = rng.randint(1, 4)
-                    response += [rng.randrange(10, 1000) for _ in range(n_obs)]
-                    mask += [0] * n_obs
-                    rollout_lp += [0.0] * n_obs
-                    recomputed_lp += [-rng.uniform(0.01, 6.0) for _ in range(n_obs)]
-                n_act = rng.randint(2, 7)
-                response += [rng.randrange(10, 1000) for _ in range(n_act)]
-                mask += [1] * n_act
-                lps = [-rng.uniform(0.01, 3.0) for _ in range(n_act)]
-                rollout_lp += lps
-                recomputed_lp += [lp + rng.uniform(-0.05, 0.05) for lp in lps]
-            samples.append(
-                {
-                    "index": index,
-                    "group_index": group,
-                    "prompt": f"prompt {group}",
-                    "response": f"response {index}",
-                    "tokens": prompt + response,
-                    "response_length": len(response),
-                    "loss_mask": mask,
-                    "rollout_log_probs": rollout_lp,
-                    "recomputed_log_probs": recomputed_lp,
-                    "task_reward": TASK_REWARDS[index % len(TASK_REWARDS)],
-                    "truncated": index % 5 == 4,
-                }
-            )
-    return samples
-
-
-def build_spec(seed: int = 0) -> list[dict]:
-    cases = []
-    for i, (name, n, batch, rollout_lp, coef) in enumerate(CASES):
-        samples = build_samples(n, batch, seed + i)
-        cases.append(
-            {
-                "name": name,
-                "n_samples_per_prompt": n,
-                "rollout_batch_size": batch,
-                "use_rollout_logprobs": rollout_lp,
-                "opd_kl_coef": coef,
-                "samples": samples,
-            }
-        )
-    return cases
-
-
-class TeacherServer:
-    """A local stand-in for the teacher's SGLang ``/generate``: score-only replies, requests recorded."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(payload)
-                ids = payload["input_ids"]
-                entries = [[None if i == 0 else teacher_log_prob(t, i), t, None] for i, t in enumerate(ids)]
-                body = json.dumps(
-                    {
-                        "text": "",
-                        "meta_info": {
-                            "id": str(len(server.requests)),
-                            "prompt_tokens": len(ids),
-                            "completion_tokens": 0,
-                            "finish_reason": {"type": "length", "length": 0},
-                            "input_token_logprobs": entries,
-                            "output_token_logprobs": [],
-                        },
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/generate"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._httpd.shutdown()
-        self._httpd.server_close()
+from tools.slime_pr.objective_cases import CASES, TeacherServer, build_spec, teacher_log_prob  # noqa: E402, F401
 
 
 def common_flags(case: dict, teacher_url: str, hook: str) -> list[str]:
@@ -214,46 +93,32 @@ def _install_task_reward_hook(opd_module) -> None:
     sys.modules[module.__name__] = module
 
 
+def _samples(case: dict, sample_cls) -> list:
+    """The case's samples as ``sample_cls`` (upstream's or this runtime's ``Sample``, same fields)."""
+    return [
+        sample_cls(
+            index=s["index"],
+            group_index=s["group_index"],
+            prompt=s["prompt"],
+            response=s["response"],
+            tokens=list(s["tokens"]),
+            response_length=s["response_length"],
+            loss_mask=list(s["loss_mask"]),
+            rollout_log_probs=list(s["rollout_log_probs"]),
+            status=sample_cls.Status.TRUNCATED if s["truncated"] else sample_cls.Status.COMPLETED,
+            metadata={"task_reward": s["task_reward"]},
+        )
+        for s in case["samples"]
+    ]
+
+
 def _by_index(samples, values) -> dict[str, list[float]]:
     return {str(s.index): [float(v) for v in value] for s, value in zip(samples, values, strict=True)}
 
 
 # ---------------------------------------------------------------------------- upstream side
-class _StubModule(types.ModuleType):
-    """Any attribute is a do-nothing class (import-time references); instantiations are recorded."""
-
-    used: list[str] = []
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        qualified = f"{self.__name__}.{name}"
-
-        def init(obj, *args, **kwargs):
-            _StubModule.used.append(qualified)
-
-        stub = type(name, (), {"__init__": init})
-        setattr(self, name, stub)
-        return stub
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in STUBBED_PACKAGES:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _StubModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
 def _install_upstream_stubs() -> None:
-    sys.meta_path.insert(0, _StubFinder())
+    stubs.install(STUBBED_PACKAGES)
     import megatron.core
     import ray
 
@@ -263,7 +128,7 @@ def _install_upstream_stubs() -> None:
     ray.remote, ray.get, ray.put = remote, (lambda ref: ref), (lambda value, **kwargs: value)
     ray._private = types.SimpleNamespace(services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
     # One data-parallel rank, one context-parallel rank, the last (only) pipeline stage.
-    mpu = _StubModule("megatron.core.mpu")
+    mpu = stubs.StubModule("megatron.core.mpu")
     for name, value in {
         "is_pipeline_last_stage": True,
         "get_context_parallel_world_size": 1,
@@ -301,21 +166,7 @@ def _upstream_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fal
     from slime.utils.types import Sample
 
     args = _upstream_args(case, teacher_url, hook, normalize)
-    samples = [
-        Sample(
-            index=s["index"],
-            group_index=s["group_index"],
-            prompt=s["prompt"],
-            response=s["response"],
-            tokens=list(s["tokens"]),
-            response_length=s["response_length"],
-            loss_mask=list(s["loss_mask"]),
-            rollout_log_probs=list(s["rollout_log_probs"]),
-            status=Sample.Status.TRUNCATED if s["truncated"] else Sample.Status.COMPLETED,
-            metadata={"task_reward": s["task_reward"]},
-        )
-        for s in case["samples"]
-    ]
+    samples = _samples(case, Sample)
 
     async def reward_all():  # generate_and_rm: the reward model runs where the generate function left None
         for sample in samples:
@@ -371,7 +222,7 @@ def upstream_side(tree: Path, spec: dict) -> dict:
         raise SystemExit(f"upstream side imported slime modules from outside {tree}: {foreign}")
     accelerator.current_device = lambda: "cpu"  # no accelerator on this machine
     _install_task_reward_hook(opd)
-    _StubModule.used.clear()
+    stubs.StubModule.used.clear()
     out = {"cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         # Whitening all-reduces over the data-parallel group: a one-rank gloo group.
@@ -384,7 +235,7 @@ def upstream_side(tree: Path, spec: dict) -> dict:
             }
         dist.destroy_process_group()
     out["stubbed_modules"] = sorted(n for n in sys.modules if n.split(".")[0] in STUBBED_PACKAGES)
-    out["stubs_called"] = sorted(set(_StubModule.used))
+    out["stubs_called"] = sorted(set(stubs.StubModule.used))
     return out
 
 
@@ -425,25 +276,11 @@ def _runtime_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fals
     from slime.rollout.sglang_rollout import run_async
     from slime.utils import http_utils
     from slime.utils.arguments import parse_args
-    from slime.utils.types import Sample, Status
+    from slime.utils.types import Sample
 
     args = parse_args(argv=common_flags(case, teacher_url, hook) + (["--normalize-advantages"] if normalize else []))
     recomputed = {s["index"]: s["recomputed_log_probs"] for s in case["samples"]}
-    samples = [
-        Sample(
-            index=s["index"],
-            group_index=s["group_index"],
-            prompt=s["prompt"],
-            response=s["response"],
-            tokens=list(s["tokens"]),
-            response_length=s["response_length"],
-            loss_mask=list(s["loss_mask"]),
-            rollout_log_probs=list(s["rollout_log_probs"]),
-            status=Status.TRUNCATED if s["truncated"] else Status.COMPLETED,
-            metadata={"task_reward": s["task_reward"]},
-        )
-        for s in case["samples"]
-    ]
+    samples = _samples(case, Sample)
     run_async(assign_rewards(args, samples))
     run_async(http_utils.close_session())
     groups = [[s for s in samples if s.group_index == g] for g in range(case["rollout_batch_size"])]

@@ -82,8 +82,8 @@ def main(argv=None) -> int:
     tests = [t for t in manifest.TEST_FILES if t != GPU_TEST]
     # sglang, ray and sglang_router (in upstream's image, not installable here) are stubbed as smoke.py does.
     runner = (
-        f"import sys; sys.path[:0] = [{str(ported)!r}, {str(manifest.REPO / 'tools' / 'slime_pr')!r}]; "
-        "import smoke; sys.meta_path.insert(0, smoke._StubFinder()); "
+        f"import sys; sys.path.insert(0, {str(manifest.REPO)!r}); from tools.slime_pr import stubs; "
+        f"sys.path[0] = {str(ported)!r}; stubs.install(('ray', 'sglang', 'sglang_router')); "
         f"import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', *{tests!r}]))"
     )
     out = subprocess.run([sys.executable, "-c", runner], cwd=ported, capture_output=True, text=True)
