@@ -25,6 +25,8 @@
 #   SMOKE_TIMEOUT        seconds for smoke.py (default 900)
 #   VERIFY_PYTEST_TIMEOUT  seconds for each pytest run of upstream's tests (default 600)
 #   PORT_PY              port script to use instead of port.py (for developing this harness)
+#   MEGATRON_LM_DIR      a Megatron-LM tree at upstream's pinned commit: also check the launch flags
+#   SGLANG_SERVER_ARGS   an sglang wheel (or its server_args.py) for the --sglang-* flags of that check
 set -euo pipefail
 
 VERIFIED_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
@@ -220,7 +222,10 @@ LAUNCH="not run (set MEGATRON_LM_DIR to a Megatron-LM tree at upstream's pinned 
 LAUNCH_RC=0
 if [[ -n "${MEGATRON_LM_DIR:-}" && -f "$HERE/check_launch_flags.py" ]]; then
     step "the launch script's and the GPU test's flags against upstream's parsers"
-    "$PYTHON" "$HERE/check_launch_flags.py" "$TMP/ported" --megatron-dir "$MEGATRON_LM_DIR" || LAUNCH_RC=$?
+    SGLANG_OPT=()
+    [[ -n "${SGLANG_SERVER_ARGS:-}" ]] && SGLANG_OPT=(--sglang-server-args "$SGLANG_SERVER_ARGS")
+    "$PYTHON" "$HERE/check_launch_flags.py" "$TMP/ported" --megatron-dir "$MEGATRON_LM_DIR" "${SGLANG_OPT[@]}" ||
+        LAUNCH_RC=$?
     LAUNCH="$([[ $LAUNCH_RC -eq 0 ]] && echo ok || echo FAILED)"
 fi
 
