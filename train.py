@@ -71,6 +71,13 @@ def weight_sync_dir(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv=argv)
+    from slime.utils.plugin_paths import check_plugin_paths
+
+    try:
+        check_plugin_paths(args)  # a misspelled plugin fails here, not after Ray and the engines are up
+    except ArgumentError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print_plan(args)
         return 0

@@ -259,7 +259,11 @@ GROUPS = (
 
 
 def get_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="slime: on-policy distillation of multi-turn agents")
+    # Every flag's default shows in --help.
+    parser = argparse.ArgumentParser(
+        description="slime: on-policy distillation of multi-turn agents",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     for add in GROUPS:
         add(parser)
     if add_custom_arguments is not None:
@@ -275,7 +279,8 @@ def parse_args(add_custom_arguments=None, argv=None):
     try:
         validate_args(args)
     except ArgumentError as err:
-        parser.error(str(err))
+        # One line naming the flag and the fix; argparse's usage block would bury it.
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     return args
 
 
