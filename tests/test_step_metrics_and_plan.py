@@ -84,7 +84,8 @@ def test_train_dry_run_prints_plan_and_starts_nothing():
 
 
 def test_train_rejects_bad_flags_with_the_flag_named():
-    out = _run([sys.executable, "train.py", "--dry-run", "--use-tcod", "--max-turns", "4", "--tcod-eta", "2"])
+    out = _run([sys.executable, "train.py", "--dry-run", "--use-tcod", "--max-turns", "4", "--tcod-eta", "2",
+                "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs"])
     assert out.returncode != 0 and "--use-opd" in out.stderr
 
 
