@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from slime.utils.arguments import ArgumentError, parse_args
+from slime.utils.failures import describe_failure
 from slime.utils.plan import print_plan
 
 
@@ -71,16 +72,19 @@ def weight_sync_dir(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv=argv)
-    from slime.utils.plugin_paths import check_plugin_paths
+    from slime.utils.launch_checks import check_launch
 
     try:
-        check_plugin_paths(args)  # a misspelled plugin fails here, not after Ray and the engines are up
+        # Plugins, data files and budgets: a misconfiguration fails here, not after Ray and the engines are up.
+        notes = check_launch(args)
     except ArgumentError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print_plan(args)
+        print_plan(args, notes)
         return 0
+    for note in notes:
+        print(f"train.py: {note}", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from slime.utils.preflight import preflight
 
@@ -93,8 +97,15 @@ def main(argv=None) -> int:
         # Engines start on the restored policy, so rollouts of the next step use the checkpoint's weights.
         args.rollout_model_path = str(inputs.load_folder / "model" / "hf")
     _init_ray(args)
-    with weight_sync_dir(args) as sync_dir:
-        _run(args, inputs, sync_dir)
+    try:
+        with weight_sync_dir(args) as sync_dir:
+            _run(args, inputs, sync_dir)
+    except Exception as err:  # noqa: BLE001 - known failures get a paragraph; the rest keep their traceback
+        message = describe_failure(args, err)
+        if message is None:
+            raise
+        print(f"train.py: error: {message}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,7 +7,10 @@
 #   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  DATA=/path/train.jsonl  SAVE=/path/ckpt
 #   TRAIN_BACKEND=fsdp|megatron  TP=2 (megatron: tensor-parallel size; the trainer's GPUs are rounded down
 #   to a multiple of it and the rest go to the rollout engines)
-# DRY_RUN=1 validates the flags and prints the plan without starting anything (CI runs it that way).
+# DRY_RUN=1 checks the flags, plugin paths and data files (DATA and EVAL_DATA must exist) and prints the
+# plan without starting anything. REHEARSAL=1 runs these flags on CPU for 2 rollouts with tiny models and
+# the hf_engine in place of the checkpoints and SGLang (scripts/rehearsal.py lists every swap), writing
+# under REHEARSAL_DIR (default: a new temporary folder); the test suite runs it.
 # GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
 # within them reserves ROLLOUT_GPUS for the SGLang rollout engines and ACTOR_GPUS for the trainer, as
 # disjoint placement groups (slime/ray/engine_placement.py): nothing is pinned by hand inside Ray's set.
@@ -111,8 +114,13 @@ ALL_ARGS=("${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${MULTI_TURN_ARGS[@]}" "${EVAL
           "${MODEL_ARGS[@]}" "${MISC_ARGS[@]}")
 
 cd "${REPO_DIR}"
+if [ "${REHEARSAL:-0}" = 1 ]; then
+  REHEARSAL_ARGS=(--task-env "${TASK_ENV}")
+  [ -n "${REHEARSAL_DIR:-}" ] && REHEARSAL_ARGS+=(--dir "${REHEARSAL_DIR}")
+  exec "${PYTHON}" -m scripts.rehearsal "${REHEARSAL_ARGS[@]}" -- "${ALL_ARGS[@]}"
+fi
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  # Paths need not exist for the plan; only the flag combination is checked.
+  # Checkpoints need not be on this machine for the plan; data files and plugin paths are checked.
   exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}"
 fi
 

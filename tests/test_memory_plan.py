@@ -65,6 +65,13 @@ def test_plan_without_a_config_says_how_to_get_one():
 MEMORY_FLAGS = ["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384"]
 
 
+def _tasks(tmp_path) -> Path:
+    """--dry-run checks the data files: one task row with expert actions (the script's default is B2F)."""
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"input": "go", "label": "{}", "metadata": {}, "expert_actions": ["up"]}) + "\n")
+    return data
+
+
 @pytest.mark.parametrize("extra", [[], MEMORY_FLAGS], ids=["as-is", "memory-flags"])
 def test_gpu_run_script_prints_a_memory_plan(tmp_path, extra):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
@@ -72,9 +79,11 @@ def test_gpu_run_script_prints_a_memory_plan(tmp_path, extra):
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@" {" ".join(extra)}\n')
     wrapper.chmod(0o755)
+    data = _tasks(tmp_path)
     out = subprocess.run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120,
-                         env={**os.environ, "DRY_RUN": "1", "STUDENT": str(tmp_path), "PYTHON": str(wrapper)})
+                         env={**os.environ, "DRY_RUN": "1", "STUDENT": str(tmp_path), "PYTHON": str(wrapper),
+                              "DATA": str(data), "EVAL_DATA": str(data)})
     assert out.returncode == 0, out.stderr
     assert "memory    : per trainer device" in out.stdout and "8.19B parameters" in out.stdout
     if extra:
@@ -113,7 +122,8 @@ def test_gpu_run_script_megatron_dry_run(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
     out = subprocess.run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "DRY_RUN": "1", "STUDENT": str(tmp_path),
-                                                      "PYTHON": sys.executable, "TRAIN_BACKEND": "megatron"})
+                                                      "PYTHON": sys.executable, "TRAIN_BACKEND": "megatron",
+                                                      "DATA": str(_tasks(tmp_path)), "EVAL_DATA": str(_tasks(tmp_path))})
     assert out.returncode == 0, out.stderr
     assert "trainer   : megatron, 2 process(es)" in out.stdout and "engines   : 4 x sglang" in out.stdout
     assert "parallel  : TP 2 x DP 1 (PP 1, CP 1), sequence parallel on" in out.stdout

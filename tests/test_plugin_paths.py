@@ -36,7 +36,7 @@ def test_a_misspelled_path_is_refused_naming_the_flag(name, path, flag):
 
 
 def test_dry_run_refuses_a_bad_env_path_in_one_line():
-    out = subprocess.run([sys.executable, "train.py", "--dry-run", "--max-turns", "3",
+    out = subprocess.run([sys.executable, "train.py", "--dry-run", "--num-rollout", "1", "--max-turns", "3",
                           "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs.gridnav_env.make_env"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2

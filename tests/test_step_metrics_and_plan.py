@@ -72,8 +72,18 @@ def _run(cmd, env=None):
                           timeout=120)
 
 
-def test_train_dry_run_prints_plan_and_starts_nothing():
-    out = _run([sys.executable, "train.py", "--dry-run", "--hf-checkpoint", "m", "--use-opd", "--opd-type", "sglang",
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    """A few gridnav tasks with expert actions: --dry-run checks that the data files exist and parse."""
+    path = tmp_path_factory.mktemp("data") / "tasks.jsonl"
+    subprocess.run([sys.executable, "-m", "examples.agent_envs.make_data", "--env", "gridnav", "--n", "4",
+                    "--out", str(path)], cwd=ROOT, check=True, capture_output=True)
+    return str(path)
+
+
+def test_train_dry_run_prints_plan_and_starts_nothing(tasks):
+    out = _run([sys.executable, "train.py", "--dry-run", "--hf-checkpoint", "m", "--prompt-data", tasks,
+                "--use-opd", "--opd-type", "sglang",
                 "--rm-url", "http://127.0.0.1:1/generate", "--max-turns", "30", "--use-tcod", "--tcod-mode", "f2b",
                 "--rollout-interaction-env-path", "examples.agent_envs",
                 "--rollout-function-path", "slime.rollout.tcod.generate_rollout",
@@ -90,9 +100,9 @@ def test_train_rejects_bad_flags_with_the_flag_named():
 
 
 @pytest.mark.parametrize("mode", ["f2b", "b2f"])
-def test_gpu_run_script_dry_run(mode):
+def test_gpu_run_script_dry_run(mode, tasks):
     out = _run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"],
-               env={"DRY_RUN": "1", "TCOD_MODE": mode, "PYTHON": sys.executable})
+               env={"DRY_RUN": "1", "TCOD_MODE": mode, "PYTHON": sys.executable, "DATA": tasks, "EVAL_DATA": tasks})
     assert out.returncode == 0, out.stderr
     eta = 6 if mode == "f2b" else 5
     assert f"TCOD      : {mode}, k(n) = min(1 + n // {eta}, 30)" in out.stdout

@@ -21,12 +21,15 @@ the next episode reuses it; a JVM that raised is discarded, never reused.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from examples.agent_envs.common import ResourcePool
 from examples.multi_turn_tcod.envs.common import int_param, sample_metadata
 
 NO_MATCH = "No known action matches that input."
+# py4j (ScienceWorld's bridge to its JVM) logs harmless shutdown races as INFO tracebacks at process exit.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 class ScienceWorldError(RuntimeError):

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import weakref
 
 import aiohttp
@@ -114,6 +115,7 @@ async def request(method: str, url: str, payload=None, *, timeout: float | None 
     if max_retries < 1 or timeout <= 0 or backoff < 0:
         raise ValueError("need max_retries >= 1 (attempts), timeout > 0 and backoff >= 0")
     last = None
+    started = time.monotonic()
     for attempt in range(1, max_retries + 1):
         try:
             return await _once(method, url, payload, timeout, headers)
@@ -125,7 +127,8 @@ async def request(method: str, url: str, payload=None, *, timeout: float | None 
             logger.warning("%s %s failed (%s); attempt %d/%d, next in %.2fs", method, url, err, attempt,
                            max_retries, delay)
             await asyncio.sleep(delay)
-    raise HTTPRequestError(f"{method} {url} failed after {max_retries} attempt(s): {last}",
+    raise HTTPRequestError(f"{method} {url} failed after {max_retries} attempt(s) over "
+                           f"{time.monotonic() - started:.0f} s: {last}",
                            url=url, status=last.status)
 
 

@@ -29,7 +29,9 @@ def describe_plan(args) -> list[str]:
     else:
         lines.append("OPD       : off")
     if args.max_turns:
-        lines.append(f"multi-turn: up to {args.max_turns} turns, env {args.rollout_interaction_env_path}")
+        lines.append(f"multi-turn: up to {args.max_turns} turns of {args.max_turn_response_len} tokens, "
+                     f"{args.rollout_max_response_len} per trajectory; env {args.rollout_interaction_env_path}, "
+                     f"agent loop {args.custom_generate_function_path}")
     if args.use_tcod:
         schedule = []
         step, previous = 0, None
@@ -77,7 +79,10 @@ def _megatron_lines(args, world: int) -> list[str]:
     return lines
 
 
-def print_plan(args) -> None:
+def print_plan(args, notes=()) -> None:
+    """``notes``: the defaults taken and the warnings of ``launch_checks.check_launch``."""
     print("slime plan (dry run: nothing started)")
     for line in describe_plan(args):
         print("  " + line)
+    for note in notes:
+        print("  " + note)

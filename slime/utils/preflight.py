@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime.utils.arguments import ArgumentError
+from slime.utils.failures import who_is
+from slime.utils.http_utils import HTTPRequestError
 
 # The rollout functions of this tree all take their prompts from the data source (--prompt-data); a
 # custom one may generate its own, so it is left to decide.
@@ -144,6 +146,9 @@ def check_vocabularies(args, tokenizer, skip: set[str] = frozenset()) -> None:
                 run_async(close_session())  # the rollouts open their own; none is left unclosed on failure
     except ValueError as err:
         raise ArgumentError(str(err)) from None
+    except HTTPRequestError as err:
+        raise ArgumentError(f"{who_is(args, err.url)} did not answer before the run: {err}. Start it first, "
+                            "or fix the URL") from None
 
 
 def resolve_load(args) -> Path | None:

@@ -1,0 +1,150 @@
+"""What ``train.py`` checks and fills in before Ray starts, ``--dry-run`` included.
+
+Validation (``slime.utils.arguments``) checks flag combinations; these checks need the run's files and
+plugins: every plugin path imports, the prompt files exist and parse, a B2F expert prefix has expert
+actions to replay, and the token budgets can hold the turns. Where a run would silently do something
+else than asked, it is refused with one line naming the flag; where one sensible default exists (a
+server teacher's reward hooks, the agent loop for multi-turn flags) it is taken and reported, so the
+plan shows what will run. ``preflight`` (real runs only) then checks the models and the teacher server.
+"""
+
+from __future__ import annotations
+
+import os
+
+from slime.utils.argument_error import ArgumentError
+from slime.utils.plugin_paths import check_plugin_paths
+
+# The hooks that turn a server teacher's replies into the OPD term (upstream's OPD example uses the same).
+SERVER_TEACHER_HOOKS = {
+    "custom_rm_path": ("--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func"),
+    "custom_reward_post_process_path": (
+        "--custom-reward-post-process-path",
+        "slime.rollout.on_policy_distillation.post_process_rewards",
+    ),
+}
+MULTI_TURN_GENERATE = "examples.multi_turn_tcod.rollout.generate"
+BUILT_IN_ROLLOUT_PREFIX = "slime.rollout."
+# Rows of --prompt-data looked at for expert actions (B2F with --tcod-prefix-source expert).
+EXPERT_SCAN_ROWS = 64
+
+
+def check_launch(args) -> list[str]:
+    """Refuse (``ArgumentError``) or fill defaults in ``args``; returns the notes to show with the plan."""
+    if args.num_rollout is None:
+        raise ArgumentError("--num-rollout is required (number of rollout/train steps)")
+    notes = _default_server_teacher_hooks(args) + _default_generate_function(args)
+    _check_cluster(args)
+    check_plugin_paths(args)
+    train_data = _check_data_files(args)
+    _check_expert_prefix(args, train_data)
+    return notes + budget_warnings(args)
+
+
+def _default_server_teacher_hooks(args) -> list[str]:
+    if not (args.use_opd and args.opd_type == "sglang"):
+        return []
+    if not args.rm_url:
+        raise ArgumentError("--opd-type sglang needs --rm-url: the teacher server's /generate URL "
+                            "(e.g. http://127.0.0.1:13141/generate)")
+    missing = [name for name in SERVER_TEACHER_HOOKS if not getattr(args, name)]
+    if len(missing) == 1:
+        # The two hooks share a reply format; pairing a custom one with the default would mismatch it.
+        flag, default = SERVER_TEACHER_HOOKS[missing[0]]
+        raise ArgumentError(f"--opd-type sglang with only one of the two reward hooks: set {flag} too "
+                            f"(the OPD one is {default}), or leave both out for the OPD pair")
+    notes = []
+    for name in missing:
+        flag, default = SERVER_TEACHER_HOOKS[name]
+        setattr(args, name, default)
+        notes.append(f"default: {flag} {default} (the server teacher's scoring hook)")
+    return notes
+
+
+def _default_generate_function(args) -> list[str]:
+    if args.custom_generate_function_path or not (args.max_turns or args.use_tcod):
+        return []
+    # Without it the rollout would generate single-turn answers while the plan shows turns and a schedule.
+    args.custom_generate_function_path = MULTI_TURN_GENERATE
+    return [f"default: --custom-generate-function-path {MULTI_TURN_GENERATE} (the multi-turn agent loop, "
+            "since --max-turns is set)"]
+
+
+def _check_cluster(args) -> None:
+    if args.colocate:
+        raise ArgumentError("--colocate is not implemented by this runtime: the trainer and the rollout engines "
+                            "always get disjoint devices (slime/ray/engine_placement.py); drop --colocate")
+    per_node = args.num_gpus_per_node
+    for flag, value in (("--actor-num-gpus-per-node", args.actor_num_gpus_per_node),
+                        ("--rollout-num-gpus-per-engine", args.rollout_num_gpus_per_engine)):
+        if value > per_node:
+            raise ArgumentError(f"{flag} {value} is more than one node holds (--num-gpus-per-node {per_node})")
+
+
+def _check_data_files(args):
+    """Every prompt file exists and parses; returns the training set (None without --prompt-data)."""
+    from slime.utils.data import DataError, Dataset
+
+    trains = args.num_rollout > 0
+    if trains and not args.prompt_data and args.rollout_function_path.startswith(BUILT_IN_ROLLOUT_PREFIX):
+        raise ArgumentError(f"--prompt-data is required: the rollout function {args.rollout_function_path} takes "
+                            "its prompts from it")
+    pairs = [("--prompt-data", args.prompt_data)] if args.prompt_data else []
+    evals = args.eval_prompt_data or []
+    pairs += [(f"--eval-prompt-data {name}", path) for name, path in zip(evals[0::2], evals[1::2])]
+    parsed = []
+    for flag, path in pairs:
+        if not os.path.isfile(path):
+            raise ArgumentError(f"{flag} {path}: no such file")
+        try:
+            # The chat template needs the tokenizer, which preflight loads; the rows are checked here.
+            parsed.append(Dataset(path, input_key=args.input_key, label_key=args.label_key,
+                                  metadata_key=args.metadata_key))
+        except DataError as err:
+            raise ArgumentError(f"{flag}: {err}") from None
+    return parsed[0] if args.prompt_data else None
+
+
+def _check_expert_prefix(args, train_data) -> None:
+    """B2F replays expert actions: a task set without them would silently play full episodes."""
+    if train_data is None or not (args.use_tcod and args.tcod_mode == "b2f" and args.tcod_prefix_source == "expert"):
+        return
+    samples = train_data.samples[:EXPERT_SCAN_ROWS]
+    if any((s.metadata or {}).get("expert_actions") for s in samples):
+        return
+    if samples and _env_has_expert(args, samples[0]):
+        return
+    raise ArgumentError(f"--tcod-prefix-source expert: the first {len(samples)} tasks of --prompt-data have no "
+                        "expert actions (metadata['expert_actions']) and the environment gives none, so B2F would "
+                        "play every episode in full; add expert actions or use --tcod-prefix-source teacher")
+
+
+def _env_has_expert(args, sample) -> bool:
+    from examples.multi_turn_tcod.env_adapter import build_interaction_env
+
+    try:
+        env = build_interaction_env(args, sample)
+    except Exception as err:  # noqa: BLE001 - any failure to build is the user's to see, in one line
+        raise ArgumentError(f"--rollout-interaction-env-path {args.rollout_interaction_env_path}: building the "
+                            f"first task's environment failed: {type(err).__name__}: {err}") from None
+    try:
+        return bool(env.expert_actions())
+    finally:
+        env.close()
+
+
+def budget_warnings(args) -> list[str]:
+    """Token budgets that cannot hold what the other flags ask for (warned, with the numbers)."""
+    notes = []
+    budget = args.rollout_max_response_len
+    turn = args.max_turn_response_len
+    # A turn limit equal to the budget is the default (a turn may use what is left), not a request.
+    if args.max_turns and turn and turn != budget and args.max_turns * turn > budget:
+        notes.append(f"warning: --max-turns {args.max_turns} x --max-turn-response-len {turn} = "
+                     f"{args.max_turns * turn} tokens of student turns alone, more than --rollout-max-response-len "
+                     f"{budget} (the whole trajectory's budget, observations included): long episodes end early")
+    context = args.rollout_max_context_len
+    if context is not None and context <= budget:
+        notes.append(f"warning: --rollout-max-context-len {context} is not more than --rollout-max-response-len "
+                     f"{budget}: prompt and response share {context} tokens, so the response budget is never reached")
+    return notes
