@@ -115,8 +115,7 @@ ALL_ARGS=("${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${MULTI_TURN_ARGS[@]}" "${EVAL
 
 cd "${REPO_DIR}"
 if [ "${REHEARSAL:-0}" = 1 ]; then
-  REHEARSAL_ARGS=(--task-env "${TASK_ENV}")
-  [ -n "${REHEARSAL_DIR:-}" ] && REHEARSAL_ARGS+=(--dir "${REHEARSAL_DIR}")
+  REHEARSAL_ARGS=(--task-env "${TASK_ENV}" --dir "${REHEARSAL_DIR:-$(mktemp -d -t slime-rehearsal-XXXXXX)}")
   exec "${PYTHON}" -m scripts.rehearsal "${REHEARSAL_ARGS[@]}" -- "${ALL_ARGS[@]}"
 fi
 if [ "${DRY_RUN:-0}" = 1 ]; then

@@ -120,6 +120,8 @@ def commands() -> dict[str, set[str]]:
         "tcod_report": _ast_flags("scripts/tcod_report.py"),
         "port.py": _ast_flags("tools/slime_pr/port.py"),
         "check_launch_flags": _ast_flags("tools/slime_pr/check_launch_flags.py"),
+        "rehearsal": _ast_flags("scripts/rehearsal.py"),
+        "rehearse_launch": _ast_flags("tools/slime_pr/rehearse_launch.py"),
         **{f"benchmarks/{p.name}": _ast_flags(f"benchmarks/{p.name}") for p in (ROOT / "benchmarks").glob("*.py")},
         **OUTSIDE,
     }
@@ -140,6 +142,8 @@ MARKERS = [
     (re.compile(r"tcod_report"), "tcod_report"),
     (re.compile(r"tools/slime_pr/port\.py"), "port.py"),
     (re.compile(r"check_launch_flags"), "check_launch_flags"),
+    (re.compile(r"scripts\.rehearsal\b|scripts/rehearsal\.py"), "rehearsal"),
+    (re.compile(r"rehearse_launch"), "rehearse_launch"),
     (re.compile(r"convert_hf_to_torch_dist"), "convert_hf_to_torch_dist"),
     (re.compile(r"\bray (?:start|job submit|stop)\b"), "ray"),
     (re.compile(r"\btrain\.py\b"), "train.py"),
