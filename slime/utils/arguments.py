@@ -11,20 +11,27 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import warnings
 
+# Split out (with their validation); importable from here as before.
+from slime.utils.algorithm_arguments import (  # noqa: F401
+    ESTIMATORS,
+    REWARD_SIDE_KL_ESTIMATORS,
+    add_algorithm_arguments,
+    add_kl_controller_arguments,
+    add_on_policy_distillation_arguments,
+    add_optimizer_arguments,
+    validate_kl_args,
+    validate_opd_args,
+)
 from slime.utils.argument_error import ArgumentError, fail as _fail
 from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
 from slime.utils.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
 # The two names upstream's arguments.py gets from port.py, importable from here as there.
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args  # noqa: F401
 
-ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Positions per LM-head chunk: a few [chunk, vocab] float32 buffers (~0.6 MB per position each at Qwen3's
 # 151,936 tokens), large enough that each chunk is one efficient matmul on a GPU.
 DEFAULT_LOG_PROBS_CHUNK_SIZE = 256
-# Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.
-REWARD_SIDE_KL_ESTIMATORS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 def needs_reference(args) -> bool:
@@ -35,25 +42,39 @@ def needs_reference(args) -> bool:
 # ---------------------------------------------------------------------------- groups
 def add_cluster_arguments(parser):
     g = parser.add_argument_group("cluster")
-    g.add_argument("--actor-num-nodes", type=int, default=1)
+    g.add_argument("--actor-num-nodes", type=int, default=1,
+                   help="nodes of trainer processes: this x --actor-num-gpus-per-node processes in all")
     g.add_argument("--actor-num-gpus-per-node", type=int, default=1,
                    help="trainer processes per node (on CPU: number of processes)")
     g.add_argument("--rollout-num-gpus", type=int, default=None, help="total devices for rollout engines")
-    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
-    g.add_argument("--num-gpus-per-node", type=int, default=8)
-    g.add_argument("--colocate", action="store_true", help="trainer and engines share devices")
+    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1,
+                   help="devices per rollout engine (SGLang --tp-size); engines started: --rollout-num-gpus / this")
+    g.add_argument("--num-gpus-per-node", type=int, default=8,
+                   help="devices per node; only checked: --actor-num-gpus-per-node and "
+                        "--rollout-num-gpus-per-engine may not exceed it")
+    g.add_argument("--colocate", action="store_true",
+                   help="upstream: trainer and engines share devices; refused here (not implemented: they always "
+                        "get disjoint devices)")
     g.add_argument("--ray-address", type=str, default=None,
                    help="join an existing Ray cluster (default: RAY_ADDRESS or a local instance)")
-    g.add_argument("--train-backend", choices=("fsdp", "megatron"), default="fsdp")
+    g.add_argument("--train-backend", choices=("fsdp", "megatron"), default="fsdp",
+                   help="trainer: fsdp (FSDP2 over the HF model) or megatron (Megatron-core GPT, tensor "
+                        "parallel; docs/en/megatron_backend.md)")
     g.add_argument("--rollout-backend", choices=("hf_engine", "sglang"), default="hf_engine",
                    help="engine servers to start: the project's CPU server or real SGLang")
-    g.add_argument("--sglang-router-ip", type=str, default=None)
-    g.add_argument("--sglang-router-port", type=int, default=None)
-    g.add_argument("--sglang-mem-fraction-static", type=float, default=None)
+    g.add_argument("--sglang-router-ip", type=str, default=None,
+                   help="an existing slime / SGLang router: rollouts go through it, weights go to the workers it "
+                        "lists (GET /workers), and no engines are started here")
+    g.add_argument("--sglang-router-port", type=int, default=None, help="port of the --sglang-router-ip router")
+    g.add_argument("--sglang-mem-fraction-static", type=float, default=None,
+                   help="passed to started SGLang engines as --mem-fraction-static (--rollout-backend sglang; "
+                        "unset: SGLang's own default)")
     g.add_argument("--sglang-disable-radix-cache", action="store_true",
                    help="engines prefill every request from scratch (no prefix / radix cache)")
     g.add_argument("--engine-host", type=str, default="127.0.0.1", help="bind address of started engines")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--seed", type=int, default=1234,
+                   help="passed to started engines as --random-seed; seeds the megatron trainer's model-parallel "
+                        "RNG (per-request sampling seeds come from --rollout-seed)")
     g.add_argument("--dry-run", action="store_true", help="parse, validate, print the plan, start nothing")
     return parser
 
@@ -62,33 +83,47 @@ def add_checkpoint_arguments(parser):
     g = parser.add_argument_group("checkpoint")
     g.add_argument("--hf-checkpoint", type=str, default=None, help="HF folder of the policy (and tokenizer)")
     g.add_argument("--load", type=str, default=None, help="checkpoint folder to resume from")
-    g.add_argument("--save", type=str, default=None)
-    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--save", type=str, default=None,
+                   help="checkpoint folder (iter_XXXXXXX/ per save); also holds weight_sync/ for the engines "
+                        "and, by default, metrics.jsonl")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="checkpoint every N rollout steps and after the last one (unset: no checkpoints)")
     g.add_argument("--ref-load", type=str, default=None,
                    help="reference model (default: --hf-checkpoint): a HF folder, or with --train-backend megatron "
                         "also a Megatron checkpoint root (docs/en/megatron_backend.md, Load paths)")
     g.add_argument("--ref-ckpt-step", type=int, default=None,
                    help="iteration of a Megatron --ref-load root to load (default: the one its "
                         "latest_checkpointed_iteration.txt names)")
-    g.add_argument("--critic-load", type=str, default=None)
+    g.add_argument("--critic-load", type=str, default=None,
+                   help="--advantage-estimator ppo: HF folder the critic (value model) starts from "
+                        "(default: --hf-checkpoint)")
     return parser
 
 
 def add_data_arguments(parser):
     g = parser.add_argument_group("data")
     g.add_argument("--prompt-data", type=str, default=None, help="jsonl or parquet file of prompts")
-    g.add_argument("--input-key", type=str, default="input")
-    g.add_argument("--label-key", type=str, default=None)
-    g.add_argument("--metadata-key", type=str, default="metadata")
-    g.add_argument("--apply-chat-template", action="store_true")
-    g.add_argument("--rollout-shuffle", action="store_true")
+    g.add_argument("--input-key", type=str, default="input",
+                   help="field of each data row holding the prompt: a string or a list of {role, content} messages")
+    g.add_argument("--label-key", type=str, default=None,
+                   help="field holding the label (sample.label, e.g. for --rm-type); unset: no label")
+    g.add_argument("--metadata-key", type=str, default="metadata",
+                   help="field holding a JSON object kept as sample.metadata (missing: empty)")
+    g.add_argument("--apply-chat-template", action="store_true",
+                   help="render each prompt with the tokenizer's chat template (a string becomes one user message)")
+    g.add_argument("--rollout-shuffle", action="store_true",
+                   help="shuffle --prompt-data every epoch (seeded by --rollout-seed and the epoch)")
     g.add_argument("--eval-prompt-data", type=str, nargs="*", default=None,
                    help="name path [name path ...] of evaluation sets")
-    g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    g.add_argument("--eval-interval", type=int, default=None,
+                   help="evaluate every N rollout steps, after the last one and, on a fresh start, before training "
+                        "(step -1, unless --skip-eval-before-train); unset: never")
+    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1, help="samples generated per evaluation prompt")
     g.add_argument("--eval-temperature", type=float, default=None,
                    help="sampling temperature for evaluation (default: --rollout-temperature)")
-    g.add_argument("--eval-max-response-len", type=int, default=None)
+    g.add_argument("--eval-max-response-len", type=int, default=None,
+                   help="response budget of a single-turn evaluation sample (default: --rollout-max-response-len; "
+                        "the multi-turn agent loop always uses --rollout-max-response-len)")
     g.add_argument("--skip-eval-before-train", action="store_true",
                    help="no evaluation at step -1 (e.g. an SFT run from a random init)")
     return parser
@@ -97,21 +132,38 @@ def add_data_arguments(parser):
 def add_rollout_arguments(parser):
     g = parser.add_argument_group("rollout")
     g.add_argument("--rollout-batch-size", type=int, default=8, help="prompts per rollout step")
-    g.add_argument("--n-samples-per-prompt", type=int, default=1)
-    g.add_argument("--rollout-max-response-len", type=int, default=256)
-    g.add_argument("--rollout-max-context-len", type=int, default=None)
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--rollout-top-p", type=float, default=1.0)
-    g.add_argument("--rollout-top-k", type=int, default=-1)
-    g.add_argument("--rollout-stop", type=str, nargs="*", default=None)
-    g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None)
-    g.add_argument("--rollout-seed", type=int, default=42)
+    g.add_argument("--n-samples-per-prompt", type=int, default=1,
+                   help="samples per prompt: one group, for grpo, gspo and reinforce_plus_plus_baseline")
+    g.add_argument("--rollout-max-response-len", type=int, default=256,
+                   help="token budget of one sample's response; in multi-turn rollouts the whole trajectory's "
+                        "budget, observations included (one turn is also capped by --max-turn-response-len)")
+    g.add_argument("--rollout-max-context-len", type=int, default=None,
+                   help="prompt + response tokens a sequence may reach; passed to started engines as "
+                        "--context-length (unset: the engine's own context)")
+    g.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature of rollouts (> 0)")
+    g.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus sampling: top-p in (0, 1]")
+    g.add_argument("--rollout-top-k", type=int, default=-1, help="top-k sampling (-1: off)")
+    g.add_argument("--rollout-stop", type=str, nargs="*", default=None,
+                   help="stop strings sent with every generation request")
+    g.add_argument("--rollout-stop-token-ids", type=int, nargs="*", default=None,
+                   help="stop token ids sent with every generation request (the agent loop adds its action stop)")
+    g.add_argument("--rollout-seed", type=int, default=42,
+                   help="base of the per-request sampling seeds (with the sample index: a resumed run regenerates "
+                        "the same rollouts) and of --rollout-shuffle")
     g.add_argument("--num-rollout", type=int, default=None, help="number of rollout/train steps")
     g.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step")
-    g.add_argument("--micro-batch-size", type=int, default=1)
-    g.add_argument("--num-steps-per-rollout", type=int, default=None)
-    g.add_argument("--custom-generate-function-path", type=str, default=None)
-    g.add_argument("--rollout-function-path", type=str, default="slime.rollout.sglang_rollout.generate_rollout")
+    g.add_argument("--micro-batch-size", type=int, default=1,
+                   help="samples per training micro-batch on each rank (without --use-dynamic-batch-size); losses "
+                        "are normalised over the whole optimizer step, so it changes memory, not the update")
+    g.add_argument("--num-steps-per-rollout", type=int, default=None,
+                   help="optimizer steps per rollout, its samples split evenly among them (default: "
+                        "--rollout-batch-size x --n-samples-per-prompt / --global-batch-size)")
+    g.add_argument("--custom-generate-function-path", type=str, default=None,
+                   help="async generate(args, sample, sampling_params, evaluation=False) run per sample instead of "
+                        "the single-turn one (default with --max-turns or --use-tcod: the multi-turn agent loop)")
+    g.add_argument("--rollout-function-path", type=str, default="slime.rollout.sglang_rollout.generate_rollout",
+                   help="generate_rollout(args, rollout_id, data_source, evaluation=False) -> groups of samples "
+                        "(--use-tcod needs slime.rollout.tcod.generate_rollout)")
     g.add_argument("--rollout-concurrency", type=int, default=64, help="samples generated at once")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run code shipped with the checkpoint: passed to SGLang servers and to the agent "
@@ -121,46 +173,20 @@ def add_rollout_arguments(parser):
 
 def add_reward_arguments(parser):
     g = parser.add_argument_group("reward")
-    g.add_argument("--rm-type", type=str, default=None)
-    g.add_argument("--rm-url", type=str, default=None)
-    g.add_argument("--custom-rm-path", type=str, default=None)
-    g.add_argument("--custom-reward-post-process-path", type=str, default=None)
-    g.add_argument("--reward-key", type=str, default=None)
-    return parser
-
-
-def add_algorithm_arguments(parser):
-    g = parser.add_argument_group("algorithm")
-    g.add_argument("--loss-type", choices=("policy_loss", "sft_loss"), default="policy_loss")
-    g.add_argument("--advantage-estimator", choices=ESTIMATORS, default="grpo")
-    g.add_argument("--eps-clip", type=float, default=0.2)
-    g.add_argument("--eps-clip-high", type=float, default=None)
-    g.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip constant (> 1), off by default")
-    g.add_argument("--value-clip", type=float, default=0.2)
-    g.add_argument("--kl-coef", type=float, default=0.0, help="reward-side KL coefficient")
-    g.add_argument("--use-kl-loss", action="store_true")
-    g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", choices=("k1", "k2", "k3", "low_var_kl"), default="k1")
-    g.add_argument("--entropy-coef", type=float, default=0.0)
-    g.add_argument("--gamma", type=float, default=1.0)
-    g.add_argument("--lambd", type=float, default=1.0)
-    g.add_argument("--normalize-advantages", action="store_true")
-    g.add_argument("--disable-grpo-std-normalization", action="store_true")
-    g.add_argument("--use-rollout-logprobs", action="store_true",
-                   help="use the engine's sampling log-probs as the old policy instead of recomputing")
-    g.add_argument("--calculate-per-token-loss", action="store_true")
-    return parser
-
-
-def add_optimizer_arguments(parser):
-    g = parser.add_argument_group("optimizer")
-    g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--critic-lr", type=float, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--rm-type", type=str, default=None,
+                   help="built-in task reward rule; this runtime has exact_match (response == label), kept in "
+                        "metadata['task_reward'] (unset: no rule)")
+    g.add_argument("--rm-url", type=str, default=None,
+                   help="reward server URL; here the teacher server's /generate for --opd-type sglang (and "
+                        "--tcod-prefix-source teacher)")
+    g.add_argument("--custom-rm-path", type=str, default=None,
+                   help="async reward_func(args, sample) for samples without a reward (default with --opd-type "
+                        "sglang: slime.rollout.on_policy_distillation.reward_func)")
+    g.add_argument("--custom-reward-post-process-path", type=str, default=None,
+                   help="post_process_rewards(args, samples) -> (raw, rewards) over every training sample (default "
+                        "with --opd-type sglang: slime.rollout.on_policy_distillation.post_process_rewards)")
+    g.add_argument("--reward-key", type=str, default=None,
+                   help="when sample.reward is a dict: the key of the scalar to train on")
     return parser
 
 
@@ -176,8 +202,10 @@ def add_performance_arguments(parser):
                    help="Megatron's name: 'full' turns on --gradient-checkpointing (neither backend implements "
                         "selective recompute)")
     g.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
-                   help="accepted for slime scripts; both backends recompute each layer (uniform, 1 layer)")
-    g.add_argument("--recompute-num-layers", type=int, default=None, help="see --recompute-method (only 1)")
+                   help="accepted for upstream's scripts; no effect in this runtime: both backends recompute each "
+                        "layer on its own (uniform, 1 layer; block is refused)")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="accepted for upstream's scripts; no effect in this runtime (only 1; see --recompute-method)")
     g.add_argument("--use-dynamic-batch-size", action="store_true",
                    help="pack micro-batches by tokens (--max-tokens-per-gpu) instead of --micro-batch-size samples")
     g.add_argument("--max-tokens-per-gpu", type=int, default=None,
@@ -191,49 +219,15 @@ def add_performance_arguments(parser):
     return parser
 
 
-def add_on_policy_distillation_arguments(parser):
-    g = parser.add_argument_group("on-policy distillation")
-    g.add_argument("--use-opd", action="store_true", help="add the teacher reverse-KL term to the advantages")
-    g.add_argument("--opd-type", choices=("sglang", "megatron"), default=None,
-                   help="sglang: teacher on a server via --rm-url; megatron: teacher loaded in the trainer")
-    g.add_argument("--opd-kl-coef", type=float, default=1.0)
-    g.add_argument("--opd-teacher-load", type=str, default=None,
-                   help="in-trainer teacher checkpoint: a HF folder, or with --train-backend megatron also a "
-                        "Megatron checkpoint root")
-    g.add_argument("--opd-teacher-ckpt-step", type=int, default=None,
-                   help="iteration of a Megatron --opd-teacher-load root (default: the latest)")
-    # This runtime's additions (upstream slime has only the sampled term).
-    g.add_argument("--opd-loss", choices=("sampled", "full"), default="sampled",
-                   help="sampled: slime's per-token term student - teacher in the advantages (default); full: "
-                        "the whole-vocabulary reverse KL at every trained position as a loss term (in-trainer "
-                        "teacher), or its top-k form (server teacher, see --opd-teacher-top-k)")
-    g.add_argument("--opd-teacher-top-k", type=int, default=None,
-                   help="server teacher: ask for its top-K log-probs per position (SGLang top_logprobs_num) "
-                        "for the opd/topk_kl diagnostic and --opd-loss full (default 20 with --opd-loss full, "
-                        "else 0 = not asked)")
-    return parser
-
-
-def add_kl_controller_arguments(parser):
-    g = parser.add_argument_group("reward-side KL controller")
-    g.add_argument("--kl-ctrl", choices=("fixed", "adaptive"), default="fixed")
-    g.add_argument("--kl-target", type=float, default=None)
-    g.add_argument("--kl-horizon", type=float, default=10000)
-    g.add_argument("--kl-ctrl-clip", type=float, default=0.2)
-    g.add_argument("--kl-coef-min", type=float, default=1e-6)
-    g.add_argument("--kl-coef-max", type=float, default=1e3)
-    g.add_argument("--kl-ctrl-unit", choices=("token", "sequence"), default="token",
-                   help="observed KL as a per-token mean (verl) or summed per sequence (OpenAI / old TRL)")
-    return parser
-
-
 def add_logging_arguments(parser):
     g = parser.add_argument_group("logging")
-    g.add_argument("--metrics-dir", type=str, default=None, help="where metrics.jsonl goes (default: --save)")
-    g.add_argument("--use-tensorboard", action="store_true")
-    g.add_argument("--use-wandb", action="store_true")
-    g.add_argument("--wandb-project", type=str, default=None)
-    g.add_argument("--wandb-group", type=str, default=None)
+    g.add_argument("--metrics-dir", type=str, default=None,
+                   help="where metrics.jsonl goes (default: --save, else ./outputs)")
+    g.add_argument("--use-tensorboard", action="store_true",
+                   help="also log every step's metrics to TensorBoard (tensorboard/ in the --metrics-dir folder)")
+    g.add_argument("--use-wandb", action="store_true", help="also log every step's metrics to Weights & Biases")
+    g.add_argument("--wandb-project", type=str, default=None, help="W&B project (unset: slime-tcod)")
+    g.add_argument("--wandb-group", type=str, default=None, help="W&B run group")
     g.add_argument("--save-debug-rollout-data", type=str, default=None,
                    help="path template with {rollout_id}: save each training rollout's samples (torch.save of "
                         "Sample.to_dict()s, upstream's layout) for offline study")
@@ -285,85 +279,6 @@ def parse_args(add_custom_arguments=None, argv=None):
 
 
 # ---------------------------------------------------------------------------- validation
-def _validate_opd(args):
-    if args.opd_teacher_load is not None and not args.use_opd:
-        _fail("--opd-teacher-load is set but --use-opd is not: add --use-opd or drop --opd-teacher-load")
-    if not args.use_opd:
-        if args.opd_loss != "sampled" or args.opd_teacher_top_k:
-            _fail("--opd-loss / --opd-teacher-top-k need --use-opd")
-        args.opd_teacher_top_k = 0
-        return
-    if args.opd_type is None:
-        _fail("--use-opd needs --opd-type: 'sglang' (teacher server at --rm-url) or 'megatron' (in-trainer teacher)")
-    if args.opd_type == "megatron":
-        if args.opd_teacher_load is None:
-            _fail("--opd-type megatron needs --opd-teacher-load (the teacher checkpoint folder)")
-        if not os.path.exists(args.opd_teacher_load):
-            _fail(f"--opd-teacher-load {args.opd_teacher_load!r} does not exist")
-    if args.opd_type == "sglang":
-        if args.opd_teacher_load is not None:
-            _fail("--opd-type sglang takes the teacher from the server at --rm-url; drop --opd-teacher-load "
-                  "(or use --opd-type megatron to load it into the trainer)")
-        if args.rollout_temperature != 1.0:
-            warnings.warn(
-                f"--rollout-temperature {args.rollout_temperature} with --opd-type sglang: the teacher server "
-                "scores at temperature 1, so the OPD term compares distributions at different temperatures",
-                stacklevel=3,
-            )
-    if args.opd_kl_coef < 0:
-        _fail("--opd-kl-coef must be >= 0")
-    _validate_opd_loss(args)
-
-
-def _validate_opd_loss(args):
-    if args.opd_teacher_top_k is not None and args.opd_teacher_top_k < 0:
-        _fail(f"--opd-teacher-top-k must be >= 0, got {args.opd_teacher_top_k}")
-    if args.opd_type == "megatron" and args.opd_teacher_top_k:
-        _fail("--opd-teacher-top-k is for a server teacher (--opd-type sglang); the in-trainer teacher gives "
-              "whole distributions")
-    if args.opd_teacher_top_k is None:
-        args.opd_teacher_top_k = 20 if args.opd_loss == "full" and args.opd_type == "sglang" else 0
-    if args.opd_loss == "full" and args.opd_type == "sglang" and args.opd_teacher_top_k == 0:
-        _fail("--opd-loss full with a server teacher needs its top-k log-probs: --opd-teacher-top-k K > 0")
-    if args.opd_loss == "sampled" and args.num_steps_per_rollout > 1:
-        # docs/en/advanced/opd-regimes.md: slime's sampled term is carried by a few heavy-tailed tokens, so a
-        # small optimizer batch's gradient is mostly noise and Adam takes full-size steps along it.
-        warnings.warn(
-            f"--use-opd with {args.num_steps_per_rollout} optimizer steps per rollout (--global-batch-size "
-            f"{args.global_batch_size}): the sampled OPD term was measured to stall or raise the KL to the "
-            "teacher in this regime (docs/en/advanced/opd-regimes.md). Use one optimizer step per rollout "
-            "(--global-batch-size = --rollout-batch-size x --n-samples-per-prompt, the default) or --opd-loss full",
-            stacklevel=3,
-        )
-
-
-def _validate_kl(args):
-    if args.kl_coef < 0 or args.kl_loss_coef < 0:
-        _fail("--kl-coef and --kl-loss-coef must be >= 0")
-    if args.kl_coef != 0 and args.kl_loss_coef != 0:
-        _fail("--kl-coef (reward-side KL) and --kl-loss-coef (KL loss term) are both non-zero, which counts "
-              "the KL to the reference twice: keep one of them")
-    if args.kl_ctrl != "adaptive":
-        return
-    if args.advantage_estimator not in REWARD_SIDE_KL_ESTIMATORS:
-        _fail(f"--kl-ctrl adaptive adapts the reward-side --kl-coef, which --advantage-estimator "
-              f"{args.advantage_estimator} ignores (its advantages are a group-normalised scalar). Use an "
-              f"estimator from {REWARD_SIDE_KL_ESTIMATORS}, or keep --kl-ctrl fixed and regularise with "
-              "--use-kl-loss --kl-loss-coef")
-    if args.kl_target is None or args.kl_target <= 0:
-        _fail("--kl-ctrl adaptive needs --kl-target > 0 (in the unit of --kl-ctrl-unit)")
-    if args.kl_horizon <= 0:
-        _fail("--kl-horizon must be > 0")
-    if args.kl_coef <= 0:
-        _fail("--kl-ctrl adaptive needs an initial --kl-coef > 0 (a zero coefficient can never grow)")
-    if not 0 < args.kl_ctrl_clip <= 1:
-        _fail("--kl-ctrl-clip must lie in (0, 1]")
-    if not 0 < args.kl_coef_min < args.kl_coef_max:
-        _fail("--kl-coef-min must be > 0 and < --kl-coef-max")
-    if not args.kl_coef_min <= args.kl_coef <= args.kl_coef_max:
-        _fail("--kl-coef must lie within [--kl-coef-min, --kl-coef-max]")
-
-
 def _validate_batching(args):
     for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "micro_batch_size"):
         if getattr(args, name) < 1:
@@ -489,7 +404,7 @@ def validate_args(args):
     _validate_batching(args)
     _validate_memory(args)
     validate_megatron_args(args)
-    _validate_opd(args)
+    validate_opd_args(args)
     validate_multi_turn_tcod_args(args)
-    _validate_kl(args)
+    validate_kl_args(args)
     return args

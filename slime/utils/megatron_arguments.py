@@ -13,6 +13,25 @@ from slime.utils.argument_error import fail
 from slime.utils.megatron_shape import tp_divisibility_error
 
 
+# What the runtime does with a flag it accepts only so that upstream's launch scripts run unchanged.
+_NO_EFFECT = "accepted for upstream's scripts; no effect in this runtime"
+# Upstream's MODEL_ARGS value flags: (flag, help), in upstream's order.
+_CONFIG = "checked against the --hf-checkpoint config.json"
+_SHAPE_FLAGS = (
+    ("--num-layers", f"decoder layers; {_CONFIG} (num_hidden_layers)"),
+    ("--hidden-size", f"{_CONFIG} (hidden_size)"),
+    ("--ffn-hidden-size", f"MLP width; {_CONFIG} (intermediate_size)"),
+    ("--num-attention-heads", f"{_CONFIG} (num_attention_heads)"),
+    ("--num-query-groups", f"key/value heads, with --group-query-attention; {_CONFIG} (num_key_value_heads)"),
+    ("--kv-channels", f"head dimension; {_CONFIG} (head_dim)"),
+    ("--vocab-size", f"unpadded vocabulary; {_CONFIG} (vocab_size)"),
+    ("--make-vocab-size-divisible-by", f"{_NO_EFFECT}: the megatron trainer pads the vocabulary to a multiple "
+                                       "of the TP size only"),
+    ("--max-position-embeddings", f"{_CONFIG} (max_position_embeddings)"),
+    ("--seq-length", f"{_NO_EFFECT}: sequence lengths come from the rollouts"),
+)
+
+
 def add_megatron_arguments(parser):
     """Upstream slime's Megatron flags, spelled and stored (``dest``) as Megatron-LM does.
 
@@ -21,23 +40,25 @@ def add_megatron_arguments(parser):
     (``slime/utils/megatron_shape.py``). Value flags default to None ("not given"); see
     docs/en/megatron_backend.md for what each flag does here and which values are refused.
     """
-    g = parser.add_argument_group("megatron")
+    g = parser.add_argument_group(
+        "megatron", "Model-shape flags describe the model as upstream's scripts do; the trainers build it from the "
+                    "--hf-checkpoint config.json, and start-up checks that the flags given agree with it.")
     # Model shape (upstream's MODEL_ARGS).
-    for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
-                 "--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--max-position-embeddings",
-                 "--seq-length"):
-        g.add_argument(flag, type=int, default=None)
+    for flag, what in _SHAPE_FLAGS:
+        g.add_argument(flag, type=int, default=None, help=what)
     g.add_argument("--group-query-attention", action="store_true",
                    help="use --num-query-groups (Megatron's rule: without this switch every head is its own group)")
     g.add_argument("--use-rotary-position-embeddings", action="store_true",
                    help="Megatron's legacy switch for --position-embedding-type rope")
     g.add_argument("--position-embedding-type", choices=("learned_absolute", "rope", "mrope", "relative", "none"),
-                   default=None)
+                   default=None, help=f"{_CONFIG}: must be rope for its rotary models")
     g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
-                   help="no biases in the linear layers (stored as args.add_bias_linear = False, as in Megatron)")
+                   help="no biases in the linear layers: sets args.add_bias_linear (default: %(default)s) to "
+                        "False, as Megatron stores it")
     g.add_argument("--add-qkv-bias", action="store_true", help="biases on the q/k/v projections only (Qwen2)")
-    g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default=None)
-    g.add_argument("--norm-epsilon", type=float, default=None)
+    g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default=None,
+                   help=f"{_CONFIG} (RMSNorm when it has rms_norm_eps)")
+    g.add_argument("--norm-epsilon", type=float, default=None, help=f"{_CONFIG} (rms_norm_eps)")
     g.add_argument("--rotary-base", type=int, default=None, help="RoPE theta")
     g.add_argument("--rotary-percent", type=float, default=None, help="share of each head's dimensions rotated")
     g.add_argument("--use-rope-scaling", action="store_true", help="Llama 3.1's RoPE frequency scaling")
@@ -57,14 +78,20 @@ def add_megatron_arguments(parser):
     g.add_argument("--sequence-parallel", action="store_true",
                    help="split the sequence of the non-tensor-parallel regions over the TP ranks (needs TP > 1)")
     g.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="shard AdamW's moments over data-parallel ranks (see docs/en/megatron_backend.md)")
+                   help=f"{_NO_EFFECT} (not implemented: every data-parallel rank keeps the AdamW moments of its "
+                        "shard; fsdp shards them anyway)")
     # Numerics and optimizer (upstream's MISC_ARGS / OPTIMIZER_ARGS).
     g.add_argument("--attention-dropout", type=float, default=0.0, help="must be 0: log-probs must be deterministic")
     g.add_argument("--hidden-dropout", type=float, default=0.0, help="must be 0: log-probs must be deterministic")
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
-    g.add_argument("--attention-softmax-in-fp32", action="store_true")
-    g.add_argument("--attention-backend", choices=("flash", "fused", "unfused", "local", "auto"), default="auto")
-    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help=f"{_NO_EFFECT}: both trainers keep and reduce gradients in float32")
+    g.add_argument("--attention-softmax-in-fp32", action="store_true",
+                   help=f"{_NO_EFFECT}: the megatron trainer's model always sets it")
+    g.add_argument("--attention-backend", choices=("flash", "fused", "unfused", "local", "auto"), default="auto",
+                   help=f"{_NO_EFFECT}: megatron uses Transformer Engine's attention when installed, else "
+                        "Megatron's local one; fsdp runs transformers' sdpa")
+    g.add_argument("--bf16", action="store_true",
+                   help=f"{_NO_EFFECT}: both trainers compute in bfloat16 on GPUs (float32 weights), float32 on CPU")
     g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                    help="adam (AdamW: decoupled --weight-decay); sgd is refused")
     g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine", "inverse-square-root", "WSD"),

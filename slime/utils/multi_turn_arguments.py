@@ -21,7 +21,8 @@ def add_multi_turn_arguments(parser):
     g = parser.add_argument_group("multi-turn rollout (upstream: keys of the --custom-config-path YAML)")
     g.add_argument("--max-turns", type=int, default=None, help="student turns per episode (multi-turn rollout)")
     g.add_argument("--max-turn-response-len", type=int, default=None,
-                   help="token limit of one student turn (default: --rollout-max-response-len)")
+                   help="token limit of one student turn (default: --rollout-max-response-len, which also bounds "
+                        "the whole trajectory, observations included)")
     g.add_argument("--rollout-interaction-env-path", type=str, default=None,
                    help="the environment: a module exposing build_env(sample, args) (upstream's contract) "
                         "or the dotted path of a factory make_env(args, sample)")
