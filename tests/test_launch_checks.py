@@ -97,6 +97,14 @@ def test_budget_warnings_give_the_numbers(tasks):
     assert not [n for n in notes if n.startswith("warning")]
 
 
+def test_a_budget_past_the_models_positions_is_warned(tasks, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"max_position_embeddings": 4096}))
+    _, notes = _check("--num-rollout", "2", "--prompt-data", tasks["plain"], "--model-config-json", str(config),
+                      "--rollout-max-response-len", "16384")
+    assert any("16384 is more than the model's max_position_embeddings 4096" in n for n in notes)
+
+
 def test_dry_run_refusal_is_one_line(tasks):
     out = subprocess.run([sys.executable, "train.py", "--dry-run", "--num-rollout", "2", "--prompt-data",
                           tasks["plain"], "--use-opd", "--opd-type", "sglang"], cwd=ROOT, capture_output=True,

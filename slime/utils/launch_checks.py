@@ -147,4 +147,13 @@ def budget_warnings(args) -> list[str]:
     if context is not None and context <= budget:
         notes.append(f"warning: --rollout-max-context-len {context} is not more than --rollout-max-response-len "
                      f"{budget}: prompt and response share {context} tokens, so the response budget is never reached")
+    from slime.utils.memory_plan import read_config
+
+    config = read_config(args.model_config_json or args.hf_checkpoint) or {}
+    positions = (config.get("text_config") or config).get("max_position_embeddings")
+    longest = context or budget
+    if positions and longest > positions:
+        notes.append(f"warning: {'--rollout-max-context-len' if context else '--rollout-max-response-len'} "
+                     f"{longest} is more than the model's max_position_embeddings {positions} "
+                     "(config.json): trajectories past it leave the positions the model was trained on")
     return notes
