@@ -15,7 +15,10 @@
 # EVAL_TEMPERATURE (default 1.0), OPD_LOSS (full | sampled, default full as in the demo), METHODS
 # (default "opd f2b b2f"; b2ft = B2F with the teacher's own episode as prefix, expert paths hidden),
 # TEACHER_STEPS, STUDENT_STEPS, TEACHER, STUDENT, LABEL (names the outputs and results, default
-# SETTING), OUT_DIR (default outputs/tcod-vs-opd/LABEL).
+# SETTING), OUT_DIR (default outputs/tcod-vs-opd/LABEL). For benchmarks/tcod_regimes.sh: GLOBAL_BATCH
+# (optimizer batch in episodes, default BATCH: one step per rollout), TEACHER_SUCCESS + STUDENT_SUCCESS
+# (both given with TEACHER/STUDENT: skip their evaluation), NO_REPORT=1 (skip the report). Every run
+# records /proc/loadavg before and after it in its metrics dir (loadavg.txt).
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
@@ -27,6 +30,7 @@ SEEDS="${SEEDS:-0 1 2 3 4}"
 STEPS="${STEPS:-24}"
 ETA="${ETA:-1}"
 BATCH="${BATCH:-16}"
+GLOBAL_BATCH="${GLOBAL_BATCH:-${BATCH}}"
 LR="${LR:-1e-3}"
 OPD_LOSS="${OPD_LOSS:-full}"
 EVAL_INTERVAL="${EVAL_INTERVAL:-${STEPS}}"
@@ -106,9 +110,13 @@ import sys; from slime.utils.metrics import read_metrics
 print(next(v for r in read_metrics(sys.argv[1]) for k, v in r.items() if k.endswith('/success_rate')))
 " "${dir}/metrics.jsonl"
 }
+if [ -n "${TEACHER_SUCCESS:-}" ] && [ -n "${STUDENT_SUCCESS:-}" ]; then
+  phase "reusing eval success: teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}"
+else
 phase "evaluating teacher and student (${EVAL_N} tasks, full episodes)"
 TEACHER_SUCCESS="$(evaluate teacher "${TEACHER}")"
 STUDENT_SUCCESS="$(evaluate student "${STUDENT}")"
+fi
 echo "full-episode eval success: teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}" | tee "${OUT_DIR}/sft_eval.txt"
 
 phase "teacher server"
@@ -128,23 +136,27 @@ declare -A RUN_ARGS=(
 )
 for seed in ${SEEDS}; do
   for run in ${METHODS:-opd f2b b2f}; do
-    phase "seed ${seed} ${run}: ${STEPS} steps x ${BATCH} episodes"
+    phase "seed ${seed} ${run}: ${STEPS} steps x ${BATCH} episodes, optimizer batch ${GLOBAL_BATCH}"
     dir="${OUT_DIR}/seed${seed}/${run}"
     rm -rf "${dir}"; mkdir -p "${OUT_DIR}/seed${seed}"
+    load_before="$(cat /proc/loadavg)"
     t0=${SECONDS}
     # shellcheck disable=SC2086  # RUN_ARGS values are flag lists
     "${PYTHON}" train.py "${BASE[@]}" --seed "${seed}" --rollout-seed "${seed}" --hf-checkpoint "${STUDENT}" \
-      --rollout-batch-size "${BATCH}" --micro-batch-size 8 --global-batch-size "${BATCH}" --num-rollout "${STEPS}" \
+      --rollout-batch-size "${BATCH}" --micro-batch-size 8 --global-batch-size "${GLOBAL_BATCH}" --num-rollout "${STEPS}" \
       --lr "${LR}" --rollout-temperature 1.0 --eval-interval "${EVAL_INTERVAL}" --skip-eval-before-train \
       --use-opd --opd-loss "${OPD_LOSS}" --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate" \
       --custom-rm-path slime.rollout.on_policy_distillation.reward_func \
       --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards \
       ${RUN_ARGS[${run}]} --metrics-dir "${dir}" > "${dir}.log" 2>&1 || die "run failed; see ${dir}.log"
     echo "$(( SECONDS - t0 ))" > "${dir}/process_wall_s.txt"
+    printf 'before %s\nafter %s\n' "${load_before}" "$(cat /proc/loadavg)" > "${dir}/loadavg.txt"
   done
 done
 
+if [ "${NO_REPORT:-0}" != 1 ]; then
 phase "report"
 "${PYTHON}" benchmarks/tcod_vs_opd_report.py --dir "${OUT_DIR}" --setting "${LABEL}" \
   --teacher-success "${TEACHER_SUCCESS}" --start-eval "${STUDENT_SUCCESS}"
+fi
 phase "done in $(( SECONDS - T_START )) s"
