@@ -24,6 +24,7 @@ SERVER_TEACHER_HOOKS = {
     ),
 }
 MULTI_TURN_GENERATE = "examples.multi_turn_tcod.rollout.generate"
+# The rollout functions of this tree take their prompts from --prompt-data; a custom one may make its own.
 BUILT_IN_ROLLOUT_PREFIX = "slime.rollout."
 # Rows of --prompt-data looked at for expert actions (B2F with --tcod-prefix-source expert).
 EXPERT_SCAN_ROWS = 64
@@ -81,19 +82,22 @@ def _check_cluster(args) -> None:
             raise ArgumentError(f"{flag} {value} is more than one node holds (--num-gpus-per-node {per_node})")
 
 
-def _check_data_files(args):
-    """Every prompt file exists and parses; returns the training set (None without --prompt-data)."""
-    from slime.utils.data import DataError, Dataset
-
-    trains = args.num_rollout > 0
-    if trains and not args.prompt_data and args.rollout_function_path.startswith(BUILT_IN_ROLLOUT_PREFIX):
+def data_files(args) -> list[tuple[str, str]]:
+    """(flag, path) of every prompt file; refuses a missing --prompt-data where the rollout function needs it."""
+    if args.num_rollout > 0 and not args.prompt_data and args.rollout_function_path.startswith(BUILT_IN_ROLLOUT_PREFIX):
         raise ArgumentError(f"--prompt-data is required: the rollout function {args.rollout_function_path} takes "
                             "its prompts from it")
     pairs = [("--prompt-data", args.prompt_data)] if args.prompt_data else []
     evals = args.eval_prompt_data or []
-    pairs += [(f"--eval-prompt-data {name}", path) for name, path in zip(evals[0::2], evals[1::2])]
+    return pairs + [(f"--eval-prompt-data {name}", path) for name, path in zip(evals[0::2], evals[1::2])]
+
+
+def _check_data_files(args):
+    """Every prompt file exists and parses; returns the training set (None without --prompt-data)."""
+    from slime.utils.data import DataError, Dataset
+
     parsed = []
-    for flag, path in pairs:
+    for flag, path in data_files(args):
         if not os.path.isfile(path):
             raise ArgumentError(f"{flag} {path}: no such file")
         try:

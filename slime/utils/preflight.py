@@ -28,10 +28,6 @@ from slime.utils.arguments import ArgumentError
 from slime.utils.failures import who_is
 from slime.utils.http_utils import HTTPRequestError
 
-# The rollout functions of this tree all take their prompts from the data source (--prompt-data); a
-# custom one may generate its own, so it is left to decide.
-BUILT_IN_ROLLOUT_PREFIX = "slime.rollout."
-
 
 @dataclass
 class Inputs:
@@ -108,15 +104,9 @@ def check_model_shape(args) -> None:
 
 def check_data(args, tokenizer) -> None:
     from slime.utils.data import Dataset, DataError
+    from slime.utils.launch_checks import data_files
 
-    trains = args.num_rollout > 0
-    if trains and not args.prompt_data and args.rollout_function_path.startswith(BUILT_IN_ROLLOUT_PREFIX):
-        raise ArgumentError(f"--prompt-data is required: the rollout function {args.rollout_function_path} takes "
-                            "its prompts from it")
-    pairs = [("--prompt-data", args.prompt_data)] if args.prompt_data else []
-    eval_pairs = args.eval_prompt_data or []
-    pairs += [(f"--eval-prompt-data {name}", path) for name, path in zip(eval_pairs[0::2], eval_pairs[1::2])]
-    for flag, path in pairs:
+    for flag, path in data_files(args):
         try:
             Dataset(path, input_key=args.input_key, label_key=args.label_key, metadata_key=args.metadata_key,
                     tokenizer=tokenizer, apply_chat_template=args.apply_chat_template)
