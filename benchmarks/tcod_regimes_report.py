@@ -28,7 +28,7 @@ for path in (REPO, REPO / "benchmarks"):
 import stats  # noqa: E402
 from scripts.tcod_report import PER_TURN_KL, TRAJ_KL, eval_key, mean_per_turn_kl, train_steps  # noqa: E402
 from slime.utils.metrics import read_metrics  # noqa: E402
-from tcod_vs_opd_report import mean_std, run_numbers  # noqa: E402
+from tcod_vs_opd_report import band, mean_std, run_numbers  # noqa: E402
 
 METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
 REGIMES = ("tuned", "unstable")
@@ -224,20 +224,7 @@ def load_table(rows) -> str:
 
 
 def _band(ax, series_list, color, label, style="-"):
-    if not series_list:
-        return
-    width = min(len(s) for s in series_list)
-    xs, means, stds = [], [], []
-    for i in range(width):
-        mean, std, _ = mean_std(s[i] for s in series_list)
-        if mean is not None:
-            xs.append(i)
-            means.append(mean)
-            stds.append(std)
-    ax.plot(xs, means, style, color=color, label=label)
-    ax.fill_between(xs, [max(0.0, m - s) for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                    color=color, alpha=0.12)
-    return max(means, default=0.0)
+    return band(ax, series_list, color, label, style, floor=0.0, alpha=0.12)
 
 
 def early_late(runs: dict[int, dict]) -> tuple[list, list]:

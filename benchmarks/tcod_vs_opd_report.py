@@ -150,21 +150,26 @@ def per_turn_early_late(runs, method) -> tuple[list, list]:
     return mean_per_turn_kl(early), mean_per_turn_kl(late)
 
 
-def _band(ax, runs_of_method, key, color, label):
-    series = [[r.get(key) for r in train_steps(records)] for records in runs_of_method.values()]
-    if not series:
-        return
-    width = min(len(s) for s in series)
+def band(ax, series_list, color, label, style="-", floor=None, alpha=0.15):
+    """Mean +- std over runs, step by step (steps where no run has a value are skipped); returns the top mean."""
+    if not series_list:
+        return None
+    width = min(len(s) for s in series_list)
     xs, means, stds = [], [], []
     for i in range(width):
-        mean, std, _ = mean_std(s[i] for s in series)
+        mean, std, _ = mean_std(s[i] for s in series_list)
         if mean is not None:
             xs.append(i)
             means.append(mean)
             stds.append(std)
-    ax.plot(xs, means, color=color, label=label)
-    ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                    color=color, alpha=0.15)
+    ax.plot(xs, means, style, color=color, label=label)
+    lows = [m - s if floor is None else max(floor, m - s) for m, s in zip(means, stds)]
+    ax.fill_between(xs, lows, [m + s for m, s in zip(means, stds)], color=color, alpha=alpha)
+    return max(means, default=0.0)
+
+
+def _band(ax, runs_of_method, key, color, label):
+    band(ax, [[r.get(key) for r in train_steps(records)] for records in runs_of_method.values()], color, label)
 
 
 def plot(runs, png: Path, setting: str, teacher_success, start_eval) -> None:
