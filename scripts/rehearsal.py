@@ -104,7 +104,7 @@ def _small_config(path: str, work: Path) -> str:
     """A copy of the ``--custom-config-path`` YAML with the turn settings at the rehearsal's sizes."""
     import yaml
 
-    data = yaml.safe_load((ROOT / path).read_text() if not os.path.isabs(path) else Path(path).read_text()) or {}
+    data = yaml.safe_load((ROOT / path).read_text()) or {}  # an absolute path replaces ROOT
     for key, value in (("max_turns", MAX_TURNS), ("max_turn_response_len", 16)):
         if key in data:
             data[key] = value
