@@ -4,6 +4,9 @@
 #   SETTING=gridnav-long bash benchmarks/tcod_regimes.sh
 # Regimes (episodes per rollout : optimizer batch : lr : --opd-loss):
 #   tuned     16 : 16 : 1e-3 : full     (one optimizer step per rollout; the tcod_vs_opd.sh default)
+#   official  16 :  4 : 1e-3 : sampled  (4 optimizer steps per rollout: the official configs take 16 tasks per
+#                                        explore step in PPO updates of 64 turn-level experiences, i.e.
+#                                        16 x turns / 64 = 2.6 (gridnav-long, ~10 turns) to ~7 (30 turns) steps)
 #   unstable  32 :  2 : 1e-3 : sampled  (16 optimizer steps per rollout; docs/en/advanced/opd-regimes.md
 #                                        measured vanilla OPD's trajectory KL to rise and eval to fall)
 # Both run STEPS rollouts (default 24) from the same student with the same teacher, tasks and eval.
@@ -11,10 +14,10 @@
 #    their eval success: TEACHER_SUCCESS/STUDENT_SUCCESS if given, else measured once.
 # 2. seed-major: for each seed, for each regime, every method (a cut-short sweep keeps whole seeds).
 #    Each run's /proc/loadavg before/after is kept; one jsonl row per run (flags, seed, load, per-step
-#    series) is appended to benchmarks/results/tcod_regimes/SETTING.jsonl (rerunning a seed replaces it).
+#    series) is appended to benchmarks/results/tcod_regimes/LABEL.jsonl (rerunning a seed replaces it).
 # 3. report: python benchmarks/tcod_regimes_report.py (all settings' jsonl files).
 # Environment: SETTING, SEEDS ("0 1 2 3 4"), METHODS ("opd f2b b2f"), REGIMES ("tuned unstable"), STEPS,
-# TUNED / UNSTABLE (episodes:global_batch:lr:loss), PYTHON, OUT_ROOT (outputs/tcod-regimes/SETTING),
+# TUNED / OFFICIAL / UNSTABLE (episodes:global_batch:lr:loss), PYTHON, LABEL (SETTING), OUT_ROOT (outputs/tcod-regimes/LABEL),
 # TEACHER, STUDENT, TEACHER_SUCCESS, STUDENT_SUCCESS, NO_REPORT=1.
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,9 +29,12 @@ METHODS="${METHODS:-opd f2b b2f}"
 REGIMES="${REGIMES:-tuned unstable}"
 export STEPS="${STEPS:-24}"
 TUNED="${TUNED:-16:16:1e-3:full}"
+OFFICIAL="${OFFICIAL:-16:4:1e-3:sampled}"
 UNSTABLE="${UNSTABLE:-32:2:1e-3:sampled}"
-OUT_ROOT="${OUT_ROOT:-outputs/tcod-regimes/${SETTING}}"
-RESULTS="benchmarks/results/tcod_regimes/${SETTING}.jsonl"
+# LABEL names the results file (and its report section): one setting can have grids with different students.
+LABEL="${LABEL:-${SETTING}}"
+OUT_ROOT="${OUT_ROOT:-outputs/tcod-regimes/${LABEL}}"
+RESULTS="benchmarks/results/tcod_regimes/${LABEL}.jsonl"
 mkdir -p "${OUT_ROOT}" "$(dirname "${RESULTS}")"
 T_START=${SECONDS}
 phase() { printf '\n##### [%5ds] tcod_regimes %s: %s\n' "$(( SECONDS - T_START ))" "${SETTING}" "$*"; }
@@ -54,6 +60,7 @@ for seed in ${SEEDS}; do
   for regime in ${REGIMES}; do
     case "${regime}" in
       tuned) spec="${TUNED}" ;;
+      official) spec="${OFFICIAL}" ;;
       unstable) spec="${UNSTABLE}" ;;
       *) echo "tcod_regimes: unknown regime ${regime}" >&2; exit 2 ;;
     esac

@@ -31,7 +31,9 @@ from slime.utils.metrics import read_metrics  # noqa: E402
 from tcod_vs_opd_report import band, mean_std, run_numbers  # noqa: E402
 
 METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
-REGIMES = ("tuned", "unstable")
+# tuned: one optimizer step per rollout; official: the official configs' ratio of optimizer steps per
+# rollout; unstable: the ratio measured to drift. Each non-tuned regime is compared with tuned.
+REGIMES = ("tuned", "official", "unstable")
 NAME = dict(METHODS)
 
 
@@ -133,20 +135,21 @@ def method_vs_opd(by_cell, regime: str, method: str, key: str = "eval_success_en
                                    list(base[s]["summary"][key] for s in base))[1]}
 
 
-def interaction(by_cell, method: str, key: str = "eval_success_end") -> dict | None:
-    """Regime x method: per seed d = (method - OPD)_unstable - (method - OPD)_tuned, one-sample t-test of
+def interaction(by_cell, method: str, key: str = "eval_success_end", regime: str = "unstable") -> dict | None:
+    """Regime x method: per seed d = (method - OPD)_regime - (method - OPD)_tuned, one-sample t-test of
     mean(d) = 0 (the paired test of the per-seed gains in the two regimes), over the seeds with all four runs."""
-    runs = {(r, m): by_cell.get((r, m), {}) for r in REGIMES for m in ("opd", method)}
+    pair = ("tuned", regime)
+    runs = {(r, m): by_cell.get((r, m), {}) for r in pair for m in ("opd", method)}
     seeds = sorted(set.intersection(*(set(v) for v in runs.values())))
     if not seeds:
         return None
     gain = {r: [runs[(r, method)][s]["summary"][key] - runs[(r, "opd")][s]["summary"][key] for s in seeds]
-            for r in REGIMES}
-    d = [u - t for u, t in zip(gain["unstable"], gain["tuned"])]
-    return {"seeds": seeds, "gain_tuned": statistics.fmean(gain["tuned"]),
-            "gain_unstable": statistics.fmean(gain["unstable"]), "interaction": statistics.fmean(d),
-            "per_seed": d, "p_paired": stats.paired(gain["unstable"], gain["tuned"])[1],
-            "p_welch": stats.welch(gain["unstable"], gain["tuned"])[1]}
+            for r in pair}
+    d = [u - t for u, t in zip(gain[regime], gain["tuned"])]
+    return {"regime": regime, "seeds": seeds, "gain_tuned": statistics.fmean(gain["tuned"]),
+            "gain_regime": statistics.fmean(gain[regime]), "interaction": statistics.fmean(d),
+            "per_seed": d, "p_paired": stats.paired(gain[regime], gain["tuned"])[1],
+            "p_welch": stats.welch(gain[regime], gain["tuned"])[1]}
 
 
 # ---------------------------------------------------------------- tables
@@ -184,14 +187,16 @@ def tests_table(by_cell) -> str:
 
 
 def interaction_table(by_cell) -> str:
-    lines = ["| method | metric | gain vs OPD, tuned | gain vs OPD, unstable | interaction (unstable - tuned) | "
-             "paired t p (seeds) | Welch p |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for method, name in METHODS[1:]:
-        for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3")):
-            t = interaction(by_cell, method, key)
-            if t:
-                lines.append(f"| {name} | {label} | {t['gain_tuned']:+.3f} | {t['gain_unstable']:+.3f} | "
-                             f"{t['interaction']:+.3f} | {_p(t['p_paired'])} ({len(t['seeds'])}) | {_p(t['p_welch'])} |")
+    lines = ["| regime | method | metric | gain vs OPD, tuned | gain vs OPD, this regime | interaction (regime - tuned) | "
+             "paired t p (seeds) | Welch p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for regime in REGIMES[1:]:
+        for method, name in METHODS[1:]:
+            for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3")):
+                t = interaction(by_cell, method, key, regime)
+                if t:
+                    lines.append(f"| {regime} | {name} | {label} | {t['gain_tuned']:+.3f} | {t['gain_regime']:+.3f} | "
+                                 f"{t['interaction']:+.3f} | {_p(t['p_paired'])} ({len(t['seeds'])}) | "
+                                 f"{_p(t['p_welch'])} |")
     return "\n".join(lines)
 
 
@@ -244,8 +249,9 @@ def plot(by_cell, setting: str, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    for col, regime in enumerate(REGIMES):
+    present = [r for r in REGIMES if any((r, m) in by_cell for m, _ in METHODS)]
+    fig, axes = plt.subplots(2, len(present), figsize=(6 * len(present), 8.5), squeeze=False)
+    for col, regime in enumerate(present):
         ax_kl, ax_turn = axes[0][col], axes[1][col]
         n, top = 0, 0.0
         for i, (method, name) in enumerate(METHODS):
@@ -288,7 +294,7 @@ def cmd_report(args) -> int:
                "Does vanilla OPD learn (per seed, eval end - start, trajectory KL last 3 - first 3)?", "",
                baseline_check(by_cell), "", cell_table(by_cell), "",
                "TCOD vs vanilla OPD within each regime:", "", tests_table(by_cell), "",
-               "Regime x method interaction, per seed d = (TCOD - OPD)_unstable - (TCOD - OPD)_tuned:", "",
+               "Regime x method interaction, per seed d = (TCOD - OPD)_regime - (TCOD - OPD)_tuned:", "",
                interaction_table(by_cell), "", "Load average per run:", "", load_table(rows), ""]
         png = Path(args.png_dir) / f"tcod_regimes_{setting}.png"
         plot(by_cell, setting, png)
@@ -299,7 +305,7 @@ def cmd_report(args) -> int:
                                              "wall_time_s")} | {"seeds": sorted(v)}
                       for (r, m), v in by_cell.items()},
             "vs_opd": {f"{r}/{m}": method_vs_opd(by_cell, r, m) for r in REGIMES for m, _ in METHODS[1:]},
-            "interaction": {m: interaction(by_cell, m) for m, _ in METHODS[1:]},
+            "interaction": {f"{r}/{m}": interaction(by_cell, m, regime=r) for r in REGIMES[1:] for m, _ in METHODS[1:]},
         }
     text = "\n".join(md)
     print(text)

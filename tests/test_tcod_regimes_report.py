@@ -12,7 +12,8 @@ import tcod_regimes_report as rep  # noqa: E402
 
 # (regime, method) -> per-seed final eval success, seeds 0..2.
 EVAL = {("tuned", "opd"): [0.40, 0.50, 0.45], ("tuned", "f2b"): [0.41, 0.49, 0.46],
-        ("unstable", "opd"): [0.20, 0.30, 0.10], ("unstable", "f2b"): [0.40, 0.45, 0.40]}
+        ("unstable", "opd"): [0.20, 0.30, 0.10], ("unstable", "f2b"): [0.40, 0.45, 0.40],
+        ("official", "opd"): [0.30, 0.40, 0.35], ("official", "f2b"): [0.30, 0.40, 0.36]}
 
 
 def _metrics(path: Path, final_eval: float) -> None:
@@ -42,7 +43,7 @@ def test_rows_and_interaction(tmp_path):
                      "--global-batch", "16", "--lr", "1e-3", "--opd-loss", "full", "--steps", "4", "--teacher", "t",
                      "--student", "s", "--teacher-success", "0.6", "--student-success", "0.3"]) == 0
     rows = rep.load_rows(results)
-    assert len(rows) == 12
+    assert len(rows) == 18
     assert rows[0]["loadavg_before"].startswith("0.5") and rows[0]["process_wall_s"] == 7.0
     by_cell = rep.cells(rows)
     got = rep.interaction(by_cell, "f2b")
@@ -57,9 +58,14 @@ def test_rows_and_interaction(tmp_path):
     assert got["p_paired"] == pytest.approx(rep.stats.paired(d, [0.0] * 3)[1])
     assert got["p_paired"] < 0.05
     assert rep.interaction(by_cell, "b2f") is None
+    # Each non-tuned regime is compared with tuned on its own: official's gains minus tuned's.
+    official = rep.interaction(by_cell, "f2b", regime="official")
+    assert official["per_seed"] == pytest.approx([0.0 - 0.01, 0.0 + 0.01, 0.01 - 0.01])
+    assert official["p_paired"] > 0.05
     within = rep.method_vs_opd(by_cell, "unstable", "f2b")
     assert within["diff"] == pytest.approx((1.25 - 0.60) / 3)
     # The report runs end to end on the rows (tables + plot).
     assert rep.main(["report", "--results-dir", str(results.parent), "--png-dir", str(tmp_path / "png")]) == 0
     assert (tmp_path / "png" / "tcod_regimes_toy.png").exists()
-    assert "interaction" in (results.parent / "tables.md").read_text()
+    tables = (results.parent / "tables.md").read_text()
+    assert "| official | TCOD-F2B | eval success, end |" in tables and "| unstable | TCOD-F2B |" in tables
