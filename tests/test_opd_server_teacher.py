@@ -10,9 +10,11 @@ import torch
 from aiohttp import web
 from transformers import AutoModelForCausalLM
 
+from slime.backends.fsdp_utils.guards import NonFiniteError
 from slime.backends.sglang_utils.launcher import find_free_port
 from slime.rollout import on_policy_distillation as opd
 from slime.utils import http_utils
+from slime.utils.failures import describe_failure
 from slime.utils.teacher_vocab import check_teacher_vocab
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 from slime.utils.types import Sample
@@ -203,7 +205,7 @@ def test_non_finite_teacher_log_probs_are_refused_naming_sample_and_teacher(bad)
     s = Sample(index=7, tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1])
     s.reward = _reply([-0.3, bad])
     args = Namespace(rm_url="http://teacher:1/generate")
-    with pytest.raises(ValueError, match=r"non-finite log-prob .* sample 7 at response position 1") as err:
+    with pytest.raises(NonFiniteError, match=r"non-finite log-prob .* sample 7 at response position 1") as err:
         opd.post_process_rewards(args, [s])
     assert "http://teacher:1/generate" in str(err.value)
     assert s.teacher_log_probs is None  # nothing poisoned is left on the sample
@@ -214,7 +216,7 @@ def test_non_finite_teacher_top_k_is_refused(bad):
     s = Sample(index=3, tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1])
     s.reward = _reply([-0.3, -0.4], top=[[[-0.3, 5, None], [-0.9, 6, None]], [[-0.4, 7, None], [bad, 8, None]]])
     args = Namespace(rm_url="http://teacher:2/generate", opd_teacher_top_k=2)
-    with pytest.raises(ValueError, match=r"non-finite top-k log-prob .* sample 3 at response position 1"):
+    with pytest.raises(NonFiniteError, match=r"non-finite top-k log-prob .* sample 3 at response position 1"):
         opd.post_process_rewards(args, [s])
     s.reward = _reply([-0.3, -0.4], top=[[[-0.3, 5, None], [-0.9, 6, None]], [[-0.4, 7, None], [-2.0, 8, None]]])
     opd.post_process_rewards(args, [s])  # the same reply with finite values is accepted
@@ -237,5 +239,7 @@ def test_a_nan_teacher_server_stops_before_anything_trains():
         s.reward = run(lambda: opd.reward_func(args, s))
     finally:
         stub.stop()
-    with pytest.raises(ValueError, match=f"teacher at {stub.url}/generate returned a non-finite log-prob"):
+    with pytest.raises(NonFiniteError, match=f"teacher at {stub.url}/generate returned a non-finite log-prob") as err:
         opd.post_process_rewards(args, [s])
+    # train.py reports it in one paragraph naming the teacher, without a traceback.
+    assert f"teacher at {stub.url}/generate" in describe_failure(args, err.value)
