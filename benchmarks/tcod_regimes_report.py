@@ -97,8 +97,19 @@ def _same_run(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in ("setting", "regime", "method", "seed"))
 
 
+def turn_kl_end(row: dict, last: int = 3) -> float | None:
+    """Mean per-turn KL (each turn index weighted once) over the last ``last`` steps. Unlike trajectory KL,
+    it does not grow with the number of student turns, so F2B's cut and B2F's prefixed episodes compare."""
+    per_step = [[v for v in turns if v is not None] for turns in row["series"]["per_turn_kl"][-last:] if turns]
+    values = [statistics.fmean(t) for t in per_step if t]
+    return statistics.fmean(values) if values else None
+
+
 def load_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["summary"]["turn_kl_end"] = turn_kl_end(row)
+    return rows
 
 
 def cells(rows: list[dict]) -> dict[tuple[str, str], dict[int, dict]]:
@@ -157,8 +168,8 @@ def interaction(by_cell, method: str, key: str = "eval_success_end", regime: str
 
 def cell_table(by_cell) -> str:
     lines = ["| regime | method | seeds | eval success, end (start: student) | trajectory KL first 3 -> last 3 steps | "
-             "trained tokens total | train-loop wall s | process wall s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "per-turn KL, last 3 steps | trained tokens total | train-loop wall s | process wall s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for regime in REGIMES:
         for method, name in METHODS:
             runs = by_cell.get((regime, method))
@@ -167,6 +178,7 @@ def cell_table(by_cell) -> str:
             col = lambda k: [r["summary"][k] for r in runs.values()]  # noqa: E731
             lines.append(f"| {regime} | {name} | {len(runs)} ({','.join(map(str, sorted(runs)))}) | "
                          f"{_pm(col('eval_success_end'))} | {_pm(col('traj_kl_start'))} -> {_pm(col('traj_kl_end'))} | "
+                         f"{_pm(col('turn_kl_end'))} | "
                          f"{_pm(col('trained_tokens'), 0)} | {_pm(col('wall_time_s'), 0)} | "
                          f"{_pm([r['process_wall_s'] for r in runs.values()], 0)} |")
     return "\n".join(lines)
@@ -178,7 +190,8 @@ def tests_table(by_cell) -> str:
     for regime in REGIMES:
         for method, name in METHODS[1:]:
             for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3"),
-                               ("trained_tokens", "trained tokens"), ("wall_time_s", "train-loop wall s")):
+                               ("turn_kl_end", "per-turn KL, last 3"), ("trained_tokens", "trained tokens"),
+                               ("wall_time_s", "train-loop wall s")):
                 t = method_vs_opd(by_cell, regime, method, key)
                 if t:
                     lines.append(f"| {regime} | {name} vs vanilla OPD | {label} | {t['diff']:+.3f} | "
@@ -191,7 +204,8 @@ def interaction_table(by_cell) -> str:
              "paired t p (seeds) | Welch p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for regime in REGIMES[1:]:
         for method, name in METHODS[1:]:
-            for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3")):
+            for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3"),
+                               ("turn_kl_end", "per-turn KL, last 3")):
                 t = interaction(by_cell, method, key, regime)
                 if t:
                     lines.append(f"| {regime} | {name} | {label} | {t['gain_tuned']:+.3f} | {t['gain_regime']:+.3f} | "
@@ -302,7 +316,7 @@ def cmd_report(args) -> int:
         summary[setting] = {
             "cells": {f"{r}/{m}": {k: mean_std(row["summary"][k] for row in v.values())[:2]
                                    for k in ("eval_success_end", "traj_kl_start", "traj_kl_end", "trained_tokens",
-                                             "wall_time_s")} | {"seeds": sorted(v)}
+                                             "turn_kl_end", "wall_time_s")} | {"seeds": sorted(v)}
                       for (r, m), v in by_cell.items()},
             "vs_opd": {f"{r}/{m}": method_vs_opd(by_cell, r, m) for r in REGIMES for m, _ in METHODS[1:]},
             "interaction": {f"{r}/{m}": interaction(by_cell, m, regime=r) for r in REGIMES[1:] for m, _ in METHODS[1:]},

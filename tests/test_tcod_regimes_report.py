@@ -45,6 +45,8 @@ def test_rows_and_interaction(tmp_path):
     rows = rep.load_rows(results)
     assert len(rows) == 18
     assert rows[0]["loadavg_before"].startswith("0.5") and rows[0]["process_wall_s"] == 7.0
+    # Per-turn KL over the last 3 steps: the mean of [1, 2 + s] for s = 1, 2, 3.
+    assert rows[0]["summary"]["turn_kl_end"] == pytest.approx((2.0 + 2.5 + 3.0) / 3)
     by_cell = rep.cells(rows)
     got = rep.interaction(by_cell, "f2b")
     gains_tuned = [0.01, -0.01, 0.01]
