@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# When does TCOD's curriculum help (issue 24)? regime {tuned, unstable} x method {opd, f2b, b2f} x paired
+# When does TCOD's curriculum help (issue 24)? regime {tuned, official, unstable} x method {opd, f2b, b2f} x paired
 # seeds on one setting, as a thin driver over benchmarks/tcod_vs_opd.sh (same SFT, teacher server, flags).
-#   SETTING=gridnav-long bash benchmarks/tcod_regimes.sh
+#   SETTING=gridnav-long STUDENT_STEPS=20 bash benchmarks/tcod_regimes.sh   # the settings in
+#   SETTING=hanoi bash benchmarks/tcod_regimes.sh                            # docs/en/benchmarks.md
 # Regimes (episodes per rollout : optimizer batch : lr : --opd-loss):
 #   tuned     16 : 16 : 1e-3 : full     (one optimizer step per rollout; the tcod_vs_opd.sh default)
 #   official  16 :  4 : 1e-3 : sampled  (4 optimizer steps per rollout: the official configs take 16 tasks per
@@ -9,14 +10,14 @@
 #                                        16 x turns / 64 = 2.6 (gridnav-long, ~10 turns) to ~7 (30 turns) steps)
 #   unstable  32 :  2 : 1e-3 : sampled  (16 optimizer steps per rollout; docs/en/advanced/opd-regimes.md
 #                                        measured vanilla OPD's trajectory KL to rise and eval to fall)
-# Both run STEPS rollouts (default 24) from the same student with the same teacher, tasks and eval.
+# Every regime runs STEPS rollouts (default 24) from the same student with the same teacher, tasks and eval.
 # 1. teacher + student: TEACHER/STUDENT if given, else one SFT run (tcod_vs_opd.sh with no seeds);
 #    their eval success: TEACHER_SUCCESS/STUDENT_SUCCESS if given, else measured once.
 # 2. seed-major: for each seed, for each regime, every method (a cut-short sweep keeps whole seeds).
 #    Each run's /proc/loadavg before/after is kept; one jsonl row per run (flags, seed, load, per-step
 #    series) is appended to benchmarks/results/tcod_regimes/LABEL.jsonl (rerunning a seed replaces it).
 # 3. report: python benchmarks/tcod_regimes_report.py (all settings' jsonl files).
-# Environment: SETTING, SEEDS ("0 1 2 3 4"), METHODS ("opd f2b b2f"), REGIMES ("tuned unstable"), STEPS,
+# Environment: SETTING, SEEDS ("0 1 2 3 4"), METHODS ("opd f2b b2f"), REGIMES ("tuned official unstable"), STEPS,
 # TUNED / OFFICIAL / UNSTABLE (episodes:global_batch:lr:loss), PYTHON, LABEL (SETTING), OUT_ROOT (outputs/tcod-regimes/LABEL),
 # TEACHER, STUDENT, TEACHER_SUCCESS, STUDENT_SUCCESS, NO_REPORT=1.
 set -euo pipefail
@@ -26,7 +27,7 @@ export PYTHON="${PYTHON:-python3}"
 SETTING="${SETTING:-gridnav-long}"
 SEEDS="${SEEDS:-0 1 2 3 4}"
 METHODS="${METHODS:-opd f2b b2f}"
-REGIMES="${REGIMES:-tuned unstable}"
+REGIMES="${REGIMES:-tuned official unstable}"
 export STEPS="${STEPS:-24}"
 TUNED="${TUNED:-16:16:1e-3:full}"
 OFFICIAL="${OFFICIAL:-16:4:1e-3:sampled}"
