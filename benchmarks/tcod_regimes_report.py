@@ -28,13 +28,17 @@ for path in (REPO, REPO / "benchmarks"):
 import stats  # noqa: E402
 from scripts.tcod_report import PER_TURN_KL, TRAJ_KL, eval_key, mean_per_turn_kl, train_steps  # noqa: E402
 from slime.utils.metrics import read_metrics  # noqa: E402
-from tcod_vs_opd_report import band, mean_std, run_numbers  # noqa: E402
+from tcod_vs_opd_report import band, mean_std, run_numbers, save_figure  # noqa: E402
 
 METHODS = (("opd", "vanilla OPD"), ("f2b", "TCOD-F2B"), ("b2f", "TCOD-B2F"))
 # tuned: one optimizer step per rollout; official: the official configs' ratio of optimizer steps per
 # rollout; unstable: the ratio measured to drift. Each non-tuned regime is compared with tuned.
 REGIMES = ("tuned", "official", "unstable")
 NAME = dict(METHODS)
+# Compared between methods and regimes: success and KL; tests_table adds the cost columns.
+OUTCOMES = (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3"),
+            ("turn_kl_end", "per-turn KL, last 3"))
+COSTS = (("trained_tokens", "trained tokens"), ("wall_time_s", "train-loop wall s"))
 
 
 # ---------------------------------------------------------------- rows
@@ -189,9 +193,7 @@ def tests_table(by_cell) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for regime in REGIMES:
         for method, name in METHODS[1:]:
-            for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3"),
-                               ("turn_kl_end", "per-turn KL, last 3"), ("trained_tokens", "trained tokens"),
-                               ("wall_time_s", "train-loop wall s")):
+            for key, label in OUTCOMES + COSTS:
                 t = method_vs_opd(by_cell, regime, method, key)
                 if t:
                     lines.append(f"| {regime} | {name} vs vanilla OPD | {label} | {t['diff']:+.3f} | "
@@ -204,8 +206,7 @@ def interaction_table(by_cell) -> str:
              "paired t p (seeds) | Welch p |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for regime in REGIMES[1:]:
         for method, name in METHODS[1:]:
-            for key, label in (("eval_success_end", "eval success, end"), ("traj_kl_end", "trajectory KL, last 3"),
-                               ("turn_kl_end", "per-turn KL, last 3")):
+            for key, label in OUTCOMES:
                 t = interaction(by_cell, method, key, regime)
                 if t:
                     lines.append(f"| {regime} | {name} | {label} | {t['gain_tuned']:+.3f} | {t['gain_regime']:+.3f} | "
@@ -283,13 +284,7 @@ def plot(by_cell, setting: str, png: Path) -> None:
                   xlabel="rollout step", ylabel="KL (sum over student tokens)", ylim=(0, 1.3 * top or None))
         ax_turn.set(title=f"{regime}: per-turn KL by turn index, first vs last third of steps",
                     xlabel="turn index (0-based)", ylabel="KL")
-    for ax in axes.flat:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
+    save_figure(fig, axes, png)
 
 
 def cmd_report(args) -> int:

@@ -210,6 +210,13 @@ def plot(runs, png: Path, setting: str, teacher_success, start_eval) -> None:
                 ylabel="KL")
     ax_cost.set(xlabel="step", ylabel="tokens")
     ax_time.set(ylabel="seconds per step")
+    save_figure(fig, axes, png)
+
+
+def save_figure(fig, axes, png: Path) -> None:
+    """Grid and legend on every panel, then write ``png`` (its folder made) and free the figure."""
+    import matplotlib.pyplot as plt
+
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
