@@ -73,6 +73,22 @@ def test_an_upstream_style_env_module(tmp_path):
     assert env.expert_actions() is None
 
 
+@pytest.mark.parametrize("signature,call", [
+    ("*, sample=None, args=None", "sample=sample, args=args"),  # keyword-only: upstream's call works, positional fails
+    ("task, cli_args", "task, cli_args"),  # other names: upstream falls back to a positional call
+])
+def test_build_env_is_called_as_upstream_calls_it(signature, call):
+    name = _module(f"kw_env_{len(signature)}", f"""
+        from examples.agent_envs import build_env as real
+        seen = []
+        def build_env({signature}):
+            seen.append(True)
+            return real({call})
+    """)
+    env = _build(name)
+    assert env.upstream_contract and env.reset() and sys.modules[name].seen == [True]
+
+
 @pytest.mark.parametrize("step_return,match", [
     ("('obs', 0.0, False)", r"\(observation, reward, done, info\), got a 3-tuple"),
     ("('obs', None, False, {})", "reward None"),

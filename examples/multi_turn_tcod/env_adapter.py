@@ -18,6 +18,7 @@ Either may offer ``expert_actions() -> list[str]`` (TCOD's B2F prefix). A malfor
 import asyncio
 import importlib
 import importlib.util
+import inspect
 import logging
 import math
 import sys
@@ -150,8 +151,17 @@ def build_interaction_env(args, sample):
         _BUILDERS[path] = _resolve(path)
     kind, fn = _BUILDERS[path]
     if kind == "build_env":
-        return InteractionEnv(fn(sample, args), upstream_contract=True, sample=sample)
+        return InteractionEnv(_call_build_env(fn, sample, args), upstream_contract=True, sample=sample)
     return InteractionEnv(fn(args, sample), upstream_contract=False, sample=sample)
+
+
+def _call_build_env(build, sample, args):
+    """Call ``build_env`` by keyword as upstream's geo3k rollout does; positionally if its names differ."""
+    try:
+        inspect.signature(build).bind(sample=sample, args=args)
+    except (TypeError, ValueError):
+        return build(sample, args)
+    return build(sample=sample, args=args)
 
 
 def _message_text(message) -> str:
