@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # When does TCOD's curriculum help (issue 24)? regime {tuned, official, unstable} x method {opd, f2b, b2f} x paired
 # seeds on one setting, as a thin driver over benchmarks/tcod_vs_opd.sh (same SFT, teacher server, flags).
-#   SETTING=gridnav-long STUDENT_STEPS=20 bash benchmarks/tcod_regimes.sh   # the settings in
-#   SETTING=hanoi bash benchmarks/tcod_regimes.sh                            # docs/en/benchmarks.md
+#   SETTING=gridnav-long STUDENT_STEPS=20 bash benchmarks/tcod_regimes.sh    # the settings in
+#   SETTING=hanoi STEPS=48 LABEL=hanoi-48 bash benchmarks/tcod_regimes.sh    # docs/en/benchmarks.md
+# (hanoi needs 48 rollout steps for tuned vanilla OPD to gain 10 points; its 24-step grid is LABEL=hanoi.)
 # Regimes (episodes per rollout : optimizer batch : lr : --opd-loss):
 #   tuned     16 : 16 : 1e-3 : full     (one optimizer step per rollout; the tcod_vs_opd.sh default)
 #   official  16 :  4 : 1e-3 : sampled  (4 optimizer steps per rollout: the official configs take 16 tasks per
