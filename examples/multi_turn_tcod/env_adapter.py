@@ -116,6 +116,15 @@ def _module_from_file(path: Path):
     return module
 
 
+def _keyword_call(build):
+    """``build_env`` called by keyword as upstream's geo3k rollout does; positionally if its names differ."""
+    try:
+        inspect.signature(build).bind(sample=None, args=None)
+    except (TypeError, ValueError):
+        return build
+    return lambda sample, args: build(sample=sample, args=args)
+
+
 def _resolve(path: str):
     """(kind, callable): ("build_env", fn) for upstream's module contract, ("make_env", fn) otherwise."""
     if path.endswith(".py") and Path(path).is_file():  # a file path, as upstream's geo3k example accepts
@@ -133,7 +142,7 @@ def _resolve(path: str):
             raise ValueError(
                 f"rollout_interaction_env_path {path!r} is a module without a callable build_env(sample, args)"
             )
-        return "build_env", build
+        return "build_env", _keyword_call(build)
     factory = load_function(path)
     if not callable(factory):
         raise ValueError(f"rollout_interaction_env_path {path!r} is not callable")
@@ -151,17 +160,8 @@ def build_interaction_env(args, sample):
         _BUILDERS[path] = _resolve(path)
     kind, fn = _BUILDERS[path]
     if kind == "build_env":
-        return InteractionEnv(_call_build_env(fn, sample, args), upstream_contract=True, sample=sample)
+        return InteractionEnv(fn(sample, args), upstream_contract=True, sample=sample)
     return InteractionEnv(fn(args, sample), upstream_contract=False, sample=sample)
-
-
-def _call_build_env(build, sample, args):
-    """Call ``build_env`` by keyword as upstream's geo3k rollout does; positionally if its names differ."""
-    try:
-        inspect.signature(build).bind(sample=sample, args=args)
-    except (TypeError, ValueError):
-        return build(sample, args)
-    return build(sample=sample, args=args)
 
 
 def _message_text(message) -> str:
