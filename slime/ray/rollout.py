@@ -24,6 +24,7 @@ import logging
 import os
 from pathlib import Path
 
+from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.utils.data import Dataset, RolloutDataSource
 from slime.utils.step_metrics import turns_without_stop_fraction, warn_if_turns_cut
 from slime.utils.misc import load_function
@@ -198,6 +199,7 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ rollouts
     def generate(self, rollout_id: int):
+        set_current_rollout_id(rollout_id)  # read by the agent loop's curriculum, as upstream keeps it
         groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
         samples, stats = select_trainable(self.args, groups)
         return samples, groups, stats
@@ -210,6 +212,7 @@ class RolloutManager:
 
     def evaluate(self, rollout_id: int) -> dict:
         """Full episodes on every eval set; returns mean reward (and success) per set."""
+        set_current_rollout_id(rollout_id)
         metrics = {}
         for name, dataset in self.eval_sets.items():
             groups = []

@@ -13,9 +13,6 @@ import asyncio
 import logging
 import time
 
-# The tokenizer cache and engine routing live with the agent loop (the slime contribution, which cannot
-# import this runtime module); single-turn generation here shares them.
-from examples.multi_turn_tcod.rollout import engine_url, get_tokenizer, output_log_probs, token_room
 from slime.rollout.rewards import assign_rewards
 from slime.utils.http_utils import post
 from slime.utils.misc import load_function
@@ -25,6 +22,60 @@ logger = logging.getLogger(__name__)
 
 # Phase timings of the last rollout call (generation vs. reward/teacher scoring), read by the manager.
 LAST_TIMINGS: dict[str, float] = {}
+
+
+class GenerateState:
+    """Upstream's name for the rollout process's generation state: the policy tokenizer and the abort flag.
+
+    One instance per ``--hf-checkpoint`` (upstream keeps one per process), so every generate function
+    (single-turn here, the agent loop of ``examples/multi_turn_tcod``) shares the tokenizer.
+    """
+
+    _instances: dict[str, "GenerateState"] = {}
+
+    def __new__(cls, args):
+        path = args.hf_checkpoint
+        if path not in cls._instances:
+            from transformers import AutoTokenizer
+
+            state = super().__new__(cls)
+            state.args = args
+            state.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+            state.reset()
+            cls._instances[path] = state
+        return cls._instances[path]
+
+    def reset(self) -> None:
+        self.aborted = False
+
+
+def engine_url(args, sample: Sample) -> str:
+    """slime's router when one is set, else this runtime's engines round robin by sample index."""
+    if getattr(args, "sglang_router_ip", None):
+        return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    urls = getattr(args, "rollout_engine_urls", None)
+    if not urls:
+        raise RuntimeError("no rollout engine: set --sglang-router-ip/--sglang-router-port")
+    return f"{urls[(sample.index or 0) % len(urls)]}/generate"
+
+
+def token_room(args, n_tokens: int, evaluation: bool = False) -> int | None:
+    """How many tokens a sequence may still grow by (None: no limit known): ``--rollout-max-context-len``,
+    the engines' context (``args.engine_limits``, read from their ``/server_info``) and, in training with a
+    teacher server, the longest sequence it scores."""
+    limits = getattr(args, "engine_limits", None) or {}
+    bounds = []
+    rollout = limits.get("rollout") or {}
+    if rollout.get("max_prompt_len") is not None and n_tokens > rollout["max_prompt_len"]:
+        bounds.append(0)
+    if rollout.get("context_len") is not None:
+        bounds.append(rollout["context_len"] - n_tokens)
+    if getattr(args, "rollout_max_context_len", None):
+        bounds.append(int(args.rollout_max_context_len) - n_tokens)
+    teacher = limits.get("teacher") or {}
+    if not evaluation and args.use_opd and args.opd_type == "sglang" and teacher.get("max_prompt_len") is not None:
+        bounds.append(int(teacher["max_prompt_len"]) - n_tokens)
+    return min(bounds) if bounds else None
 
 
 def sampling_seed(args, sample: Sample, evaluation: bool, salt: int = 0) -> int:
@@ -61,7 +112,7 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     leaves no room is not sent: the sample comes back TRUNCATED with no response, ``remove_sample`` set
     and ``metadata["outcome"] = "prompt_too_long"``, so it is neither scored by the teacher nor trained on.
     """
-    tokenizer = get_tokenizer(args)
+    tokenizer = GenerateState(args).tokenizer
     if not sample.tokens:
         prompt = sample.prompt
         if isinstance(prompt, list):
@@ -78,10 +129,11 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
         "sampling_params": params,
         "return_logprob": True,
     })
+    entries = output["meta_info"]["output_token_logprobs"]  # ids and log-probs both from here, as upstream
     sample.append_response_tokens(
         args,
-        tokens=output["output_ids"],
-        log_probs=output_log_probs(output["meta_info"]),
+        tokens=[item[1] for item in entries],
+        log_probs=[item[0] for item in entries],
         trainable=True,
         meta_info=output["meta_info"],
         text=output["text"],

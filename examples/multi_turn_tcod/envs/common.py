@@ -1,8 +1,10 @@
-"""Pieces every environment here shares: reading the task from a sample, and the puzzle episode loop.
+"""Pieces the environments share: reading the task from a sample, the action of a reply, the puzzle loop.
 
-The environment contract (see README.md) is duck-typed: ``reset() -> str``, ``step(action) ->
-(observation, reward, done, info)``, ``close()``, optionally ``expert_actions()``. ``PuzzleEnv`` is not
-part of that contract; it only keeps the two built-in puzzles from writing the same bookkeeping twice.
+Environments follow upstream slime's contract (``examples/geo3k_vlm_multi_turn``): ``build_env(sample,
+args)`` returns an object with ``reset() -> (observation, info)``, ``step(response_text) ->
+(observation, done, info)`` (the step's reward in ``info["reward"]``, ``info["success"]``),
+``format_observation(observation) -> message`` and ``close()``; TCOD's B2F may also read
+``expert_actions()``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,20 @@ def pick_params(env_name: str, seed: int, params: dict, keys) -> dict:
     return {"env": env_name, "seed": seed, **{k: params[k] for k in keys if params.get(k) is not None}}
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def reply_action(response_text: str) -> str | None:
+    """The action part of a reply: what follows ``</think>`` (Qwen3's thinking mode), else the whole reply.
+
+    None when the reply stops inside a think block (cut by the turn's token budget mid-thought).
+    """
+    text = response_text or ""
+    if THINK_CLOSE in text:
+        return text.rsplit(THINK_CLOSE, 1)[1]
+    return None if THINK_OPEN in text else text
+
+
 def normalize_action(action: str) -> str:
     """Lower-case, single-spaced, first line only: models often add trailing newlines or spaces."""
     text = (action or "").strip().splitlines()
@@ -90,25 +106,30 @@ class PuzzleEnv:
         self.done = True
 
     # --------------------------------------------------------------- contract
-    def reset(self) -> str:
+    def reset(self):
         self.state = self._start
         self.steps = 0
         self.done = False
-        return self._describe(self.state)
+        return self._describe(self.state), {}
 
-    def step(self, action: str):
+    def step(self, response_text: str):
         if self.state is None:
             raise RuntimeError(f"{self.name}: step() called before reset()")
         if self.done:
             raise RuntimeError(f"{self.name}: step() called after the episode ended; call reset()")
         self.steps += 1
-        info: dict[str, Any] = {"invalid_action": False, "success": False, "steps": self.steps}
-        move = self._parse(normalize_action(action))
-        reward = 0.0
-        if move is None:
+        info: dict[str, Any] = {"invalid_action": False, "success": False, "steps": self.steps, "reward": 0.0}
+        action = reply_action(response_text)
+        move = None if action is None else self._parse(normalize_action(action))
+        if action is None:
             info["invalid_action"] = True
-            shown = (action or "").strip()[:40]
-            observation = f"Invalid action '{shown}'. Valid actions: {self.valid_actions_hint}"
+            observation = (
+                f"No action: the reply ended inside {THINK_OPEN}. Think briefly, close with {THINK_CLOSE}, "
+                f"then give one action: {self.valid_actions_hint}"
+            )
+        elif move is None:
+            info["invalid_action"] = True
+            observation = f"Invalid action '{action.strip()[:40]}'. Valid actions: {self.valid_actions_hint}"
         else:
             before = self._distance(self.state)
             result = self._apply(self.state, move)
@@ -117,18 +138,21 @@ class PuzzleEnv:
                 observation = f"{result}. {self._observe(self.state)}"
             else:
                 self.state = result
-                reward += self.shaping * (before - self._distance(self.state))
+                info["reward"] += self.shaping * (before - self._distance(self.state))
                 observation = self._observe(self.state)
         if self._distance(self.state) == 0:
             info["success"] = True
-            reward += 1.0
+            info["reward"] += 1.0
             self.done = True
             observation = f"{observation} solved"
         elif self.steps >= self.max_steps:
             self.done = True
             info["out_of_steps"] = True
             observation = f"{observation} out of steps"
-        return observation, reward, self.done, info
+        return observation, self.done, info
+
+    def format_observation(self, observation: str) -> dict:
+        return {"role": "user", "content": observation}
 
     def close(self) -> None:
         self.state = None

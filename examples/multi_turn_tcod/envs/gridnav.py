@@ -110,8 +110,8 @@ class GridNavEnv(PuzzleEnv):
         return "\n".join(lines)
 
 
-def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.gridnav.make_env``."""
+def build_env(sample=None, args=None):
+    """Upstream's environment hook: ``rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav``."""
     del args
     return GridNavEnv(sample_metadata(sample))
 

@@ -1,17 +1,17 @@
 """Write a jsonl file of environment tasks with their expert actions.
 
     python -m examples.multi_turn_tcod.envs.make_data --env gridnav --n 200 --seed 0 --out train.jsonl \\
-        [--min-len 4 --max-len 12] [--size 8 --walls 0.2] [--disks 4 --start tower] [--task NAME]
+        [--min-len 4 --max-len 12] [--size 8 --walls 0.2]
 
-Task number i uses seed ``--seed + i`` (for ScienceWorld the seed is the variation index). Tasks whose
-expert path length falls outside ``[--min-len, --max-len]`` are skipped, so the file holds exactly
-``--n`` rows within the horizon asked for. Each row::
+Seeds are tried from ``--seed`` upwards; a task whose expert path length falls outside ``[--min-len,
+--max-len]`` is skipped, so the file holds exactly ``--n`` rows and the last line printed names the seed
+range used (keep the evaluation file's ``--seed`` above it). Each row::
 
-    {"input": first observation, "label": JSON task id, "metadata": {"env": ..., "seed": ..., params},
-     "expert_actions": [...]}
+    {"input": first observation, "label": JSON task id, "metadata": {"env": ..., "seed": ..., params,
+     "expert_actions": [...]}}
 
-The metadata alone rebuilds the task (``make_env(args, sample)``); ``expert_actions`` is the dataset
-field TCOD's B2F prefix replays (``slime.utils.data.Dataset`` moves it into ``Sample.metadata``).
+The metadata alone rebuilds the task (``build_env(sample, args)``); ``expert_actions`` is what TCOD's
+B2F prefix replays.
 """
 
 from __future__ import annotations
@@ -21,23 +21,17 @@ import json
 import sys
 from pathlib import Path
 
-from . import ENV_MODULES, env_module
+import importlib
 
-# Command-line options forwarded to task_metadata(seed, params) of the chosen environment.
+ENV_MODULES = {"gridnav": "examples.multi_turn_tcod.envs.gridnav"}
+# Command-line options forwarded to task_metadata(seed, params) of the chosen environment, with their help.
 PARAM_OPTIONS = {
-    "size": int,
-    "walls": float,
-    "disks": int,
-    "start": str,
-    "min_dist": int,
-    "max_dist": int,
-    "max_steps": int,
-    "shaping": float,
-    "task": str,
-    "simplification": str,
-    "rooms": int,
-    "objects": int,
-    "quest_length": int,
+    "size": (int, "grid side length (gridnav, default 5)"),
+    "walls": (float, "fraction of wall cells in [0, 0.5) (gridnav, default 0.2)"),
+    "min_dist": (int, "shortest optimal path of a layout (gridnav)"),
+    "max_dist": (int, "longest optimal path of a layout (gridnav)"),
+    "max_steps": (int, "step limit of an episode (default 2 * optimal + 4)"),
+    "shaping": (float, "reward per step closer to the goal (default 0: sparse)"),
 }
 
 
@@ -50,9 +44,13 @@ def task_rows(
     max_len=None,
     max_tries=None,
     modules: dict = ENV_MODULES,
+    stats: dict | None = None,
 ):
-    """Yield ``n`` data rows of ``env`` tasks whose expert length lies in ``[min_len, max_len]``."""
-    module = env_module(env, modules)
+    """Yield ``n`` data rows of ``env`` tasks whose expert length lies in ``[min_len, max_len]``.
+
+    ``stats["last_seed"]`` is the last seed tried once the rows are out.
+    """
+    module = importlib.import_module(modules[env])
     max_tries = max_tries or 50 * n + 100
     made, tried = 0, 0
     while made < n:
@@ -63,26 +61,23 @@ def task_rows(
             )
         metadata = module.task_metadata(seed + tried, params)
         tried += 1
-        environment = module.make_env(None, {"metadata": metadata})
+        environment = module.build_env(sample={"metadata": metadata}, args=None)
         try:
-            first_observation = environment.reset()
+            first_observation, _ = environment.reset()
             actions = environment.expert_actions()
         finally:
             environment.close()
+        if stats is not None:
+            stats["last_seed"] = seed + tried - 1
         if actions is None or not (min_len <= len(actions) <= (max_len or len(actions))):
             continue
         label = json.dumps(metadata, sort_keys=True)
-        # The actions go into metadata too: upstream slime's Dataset keeps only the metadata column.
-        yield {
-            "input": first_observation,
-            "label": label,
-            "metadata": {**metadata, "expert_actions": actions},
-            "expert_actions": actions,
-        }
+        # The actions live in metadata: upstream slime's Dataset keeps only the metadata column.
+        yield {"input": first_observation, "label": label, "metadata": {**metadata, "expert_actions": actions}}
         made += 1
 
 
-def main(argv=None, modules: dict = ENV_MODULES) -> int:
+def main(argv=None, modules: dict = ENV_MODULES, options: dict = PARAM_OPTIONS) -> int:
     parser = argparse.ArgumentParser(description="Write environment tasks with expert actions as jsonl.")
     parser.add_argument("--env", required=True, choices=sorted(modules))
     parser.add_argument("--n", type=int, required=True, help="number of tasks to write")
@@ -90,25 +85,26 @@ def main(argv=None, modules: dict = ENV_MODULES) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--min-len", type=int, default=1, help="shortest expert path kept")
     parser.add_argument("--max-len", type=int, default=None, help="longest expert path kept")
-    for name, kind in PARAM_OPTIONS.items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
+    for name, (kind, text) in options.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error("--n must be >= 1")
-    params = {name: getattr(args, name) for name in PARAM_OPTIONS}
+    params = {name: getattr(args, name) for name in options}
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    lengths = []
+    lengths, stats = [], {}
     with open(tmp, "w") as handle:
-        for row in task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, modules=modules):
+        rows = task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, modules=modules, stats=stats)
+        for row in rows:
             handle.write(json.dumps(row) + "\n")
-            lengths.append(len(row["expert_actions"]))
+            lengths.append(len(row["metadata"]["expert_actions"]))
     tmp.replace(out)  # write then rename: an interrupted run leaves no half file
     print(
         f"wrote {len(lengths)} {args.env} tasks to {out}: expert length min {min(lengths)} "
-        f"mean {sum(lengths) / len(lengths):.1f} max {max(lengths)}",
+        f"mean {sum(lengths) / len(lengths):.1f} max {max(lengths)}; seeds {args.seed}..{stats['last_seed']} used",
         file=sys.stderr,
     )
     return 0
