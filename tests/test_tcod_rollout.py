@@ -1,69 +1,93 @@
-"""The multi-turn TCOD agent loop on a fake engine, and the example environments' contract (CPU)."""
+"""The multi-turn TCOD agent loop on a scripted engine, with Qwen3-style thinking replies (CPU)."""
 
 import argparse
 import asyncio
 import string
+import sys
+from pathlib import Path
 
 import pytest
-from examples.multi_turn_tcod import metrics, rollout
-from examples.multi_turn_tcod.envs import build_env
-from examples.multi_turn_tcod.envs.make_data import task_rows
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
-from slime.rollout.tcod import episode_plan
-from slime.utils.types import Sample
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
+    sys.path.insert(0, str(REPO_ROOT))
 
-CHAT_TEMPLATE = (
+from examples.multi_turn_tcod import metrics, rollout  # noqa: E402
+from examples.multi_turn_tcod.envs.gridnav import build_env  # noqa: E402
+from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from slime.rollout import sample_hooks  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
+
+NUM_GPUS = 0
+
+# Qwen3's generation prompt: with enable_thinking=False an empty think block opens the assistant turn.
+QWEN3_LIKE_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
 )
+THINK = "<think>\nThe goal is further along; one step closer.\n</think>\n\n"
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """A character-level ChatML tokenizer built here: nothing is downloaded."""
+    """Character-level ChatML tokenizer built here; ``<think>`` is an added, non-special token as in Qwen3."""
     chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
     vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
+        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"]
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    tok.chat_template = QWEN3_LIKE_TEMPLATE
     return tok
 
 
-class FakeEngine:
-    """Answers /generate with a scripted action per request, with a log-prob per token."""
+class FakeState:
+    def __init__(self, tokenizer):
+        self.tokenizer, self.aborted = tokenizer, False
+
+
+class ScriptedEngine:
+    """Answers /generate with scripted replies, cut at ``max_new_tokens`` as SGLang cuts them."""
 
     def __init__(self, tokenizer, policy):
         self.tokenizer, self.policy, self.requests = tokenizer, policy, []
 
     async def post(self, url, payload, max_retries=60, headers=None):
-        self.requests.append(payload)
-        text = self.policy(len(self.requests) - 1)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [
-            self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ]
-        ids = ids[: payload["sampling_params"]["max_new_tokens"]]
-        return {"output_ids": ids, "meta_info": {"output_token_logprobs": [[-0.5, i, None] for i in ids]}}
+        self.requests.append(dict(payload, input_ids=list(payload["input_ids"])))  # the loop grows its list
+        reply = self.policy(len(self.requests) - 1)
+        if reply is None:
+            return {"text": "", "meta_info": {"finish_reason": {"type": "abort"}, "output_token_logprobs": []}}
+        ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        limit = payload["sampling_params"]["max_new_tokens"]
+        finish = "length" if len(ids) > limit else "stop"
+        ids = ids[:limit]
+        meta = {"finish_reason": {"type": finish}, "output_token_logprobs": [[-0.5, i, None] for i in ids]}
+        return {"text": self.tokenizer.decode(ids), "meta_info": meta}
 
 
 def make_args(**overrides):
     args = argparse.Namespace(
         hf_checkpoint="unused",
         max_turns=8,
-        max_turn_response_len=16,
-        rollout_max_response_len=2000,
-        rollout_interaction_env_path="examples.multi_turn_tcod.envs",
+        max_turn_response_len=128,
+        rollout_max_context_len=None,
+        eval_max_context_len=None,
+        rollout_interaction_env_path="examples.multi_turn_tcod.envs.gridnav",
         env_step_timeout=30,
         sglang_router_ip="127.0.0.1",
         sglang_router_port=1,
+        partial_rollout=False,
+        apply_chat_template_kwargs={},
+        use_opd=True,
+        opd_type="sglang",
         custom_rm_path="slime.rollout.on_policy_distillation.reward_func",
         use_tcod=True,
         tcod_mode="f2b",
@@ -81,15 +105,14 @@ def tasks():
     return list(task_rows("gridnav", 3, seed=0, params={"size": 5}, min_len=4, max_len=8))
 
 
-def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False):
-    engine = FakeEngine(tokenizer, policy)
+def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000):
+    engine = ScriptedEngine(tokenizer, policy)
     monkeypatch.setattr(rollout, "post", engine.post)
-    monkeypatch.setattr(rollout, "get_tokenizer", lambda args: tokenizer)
+    monkeypatch.setattr(rollout, "GenerateState", lambda args: FakeState(tokenizer))
+    sample_hooks.set_current_rollout_id(step)
     sample = Sample(index=0, prompt=row["input"], label=row["label"], metadata=dict(row["metadata"]))
-    plan = episode_plan(args, step, evaluation)
-    if plan is not None and not evaluation:
-        sample.metadata["episode_plan"] = plan
-    return asyncio.run(rollout.generate(args, sample, {"temperature": 1.0}, evaluation)), engine
+    params = {"temperature": 1.0, "max_new_tokens": max_new_tokens}
+    return asyncio.run(rollout.generate(args, sample, params, evaluation)), engine
 
 
 def trained_text(tokenizer, sample):
@@ -97,76 +120,129 @@ def trained_text(tokenizer, sample):
     return tokenizer.decode([t for t, m in zip(ids, sample.loss_mask, strict=True) if m])
 
 
+def test_tokenizer_keeps_think_as_text(tokenizer):
+    ids = tokenizer.encode("<think>", add_special_tokens=False)
+    assert len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == "<think>"
+
+
+def test_thinking_reply_acts_on_what_follows_think(monkeypatch, tokenizer, tasks):
+    row = tasks[0]
+    moves = row["metadata"]["expert_actions"]
+    args = make_args(use_tcod=False)
+    sample, engine = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: THINK + moves[i])
+    assert sample.metadata["outcome"] == "done" and sample.metadata["success"]
+    assert sample.metadata["num_turns"] == len(moves) and sample.metadata["turns_without_stop"] == 0
+    assert trained_text(tokenizer, sample) == "".join(THINK + m + "<|im_end|>" for m in moves)
+    assert "Invalid" not in tokenizer.decode(sample.tokens)
+
+
+def test_reply_without_think_block_still_acts(monkeypatch, tokenizer, tasks):
+    row = tasks[0]
+    moves = row["metadata"]["expert_actions"]
+    sample, _ = play(monkeypatch, tokenizer, make_args(use_tcod=False), row, step=0, policy=lambda i: moves[i])
+    assert sample.metadata["success"] and sample.metadata["num_turns"] == len(moves)
+
+
+def test_turn_cut_mid_thought_is_closed_masked_and_counts_as_an_invalid_turn(monkeypatch, tokenizer, tasks):
+    args = make_args(use_tcod=False, max_turns=2, max_turn_response_len=20)
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: THINK + "right")
+    assert len(engine.requests) == 2 and sample.metadata["num_turns"] == 2
+    assert sample.metadata["turns_without_stop"] == 2 and sample.metadata["outcome"] == "max_turns"
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    response = sample.tokens[len(sample.tokens) - sample.response_length :]
+    first_end = sample.metadata["turn_spans"][0][1]
+    assert response[first_end] == stop and sample.loss_mask[first_end] == 0  # the closing <|im_end|> is masked
+    assert sum(sample.loss_mask) == 40  # two 20-token turns, nothing else trained
+    assert "the reply ended inside <think>" in tokenizer.decode(engine.requests[1]["input_ids"])
+
+
+def test_non_thinking_mode_goes_through_the_chat_template_kwargs(monkeypatch, tokenizer, tasks):
+    args = make_args(use_tcod=False, max_turns=2, apply_chat_template_kwargs={"enable_thinking": False})
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "noop")
+    for request in engine.requests:  # the prompt and every later assistant turn open with an empty think block
+        assert tokenizer.decode(request["input_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
 def test_f2b_plays_exactly_the_step_depth(monkeypatch, tokenizer, tasks):
-    args = make_args(tcod_mode="f2b")
-    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=4, policy=lambda i: "noop")
+    sample, engine = play(monkeypatch, tokenizer, make_args(), tasks[0], step=4, policy=lambda i: THINK + "noop")
     assert len(engine.requests) == 3 and sample.metadata["num_turns"] == 3  # k(4) = 1 + 4 // 2
     assert sample.metadata["outcome"] == "cut" and sample.status == Sample.Status.COMPLETED
-    assert trained_text(tokenizer, sample) == "noop<|im_end|>" * 3  # observations are masked
+    assert sample.metadata["episode_plan"] == {"mode": "f2b", "depth": 3, "max_student_turns": 3, "step": 4}
+    assert trained_text(tokenizer, sample) == (THINK + "noop<|im_end|>") * 3  # observations are masked
     assert len(sample.rollout_log_probs) == len(sample.loss_mask) == sample.response_length
-    assert sample.reward is None  # the reward model (the OPD teacher) runs next, as upstream expects
+    assert sample.reward is None  # the teacher's reward_func runs next, as upstream's OPD expects
 
 
 def test_b2f_replays_the_expert_prefix_untrained(monkeypatch, tokenizer, tasks):
     row = tasks[1]
     expert = row["metadata"]["expert_actions"]
-    args = make_args(tcod_mode="b2f")
     nxt = iter(expert[len(expert) - 2 :])  # the student finishes the path from where the replay left it
-    sample, engine = play(monkeypatch, tokenizer, args, row, step=2, policy=lambda i: next(nxt))
+    args = make_args(tcod_mode="b2f")
+    sample, engine = play(monkeypatch, tokenizer, args, row, step=2, policy=lambda i: THINK + next(nxt))
     assert sample.metadata["prefix_turns"] == len(expert) - 2  # L - k(2)
     assert sample.metadata["outcome"] == "done" and sample.metadata["success"]
-    assert trained_text(tokenizer, sample) == "".join(a + "<|im_end|>" for a in expert[-2:])
+    assert trained_text(tokenizer, sample) == "".join(THINK + a + "<|im_end|>" for a in expert[-2:])
     assert all(a in tokenizer.decode(engine.requests[0]["input_ids"]) for a in expert[:-2])
 
 
 def test_b2f_replay_that_finishes_the_task_is_not_trained(monkeypatch, tokenizer, tasks):
-    args = make_args(tcod_mode="b2f", tcod_k_start=1, tcod_eta=100)
-    row = dict(
-        tasks[2], metadata={**tasks[2]["metadata"], "expert_actions": tasks[2]["metadata"]["expert_actions"] * 2}
-    )
+    args = make_args(tcod_mode="b2f", tcod_eta=100)
+    expert = tasks[2]["metadata"]["expert_actions"]
+    row = dict(tasks[2], metadata={**tasks[2]["metadata"], "expert_actions": expert * 2})
     sample, engine = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: "noop")
     assert sample.metadata["outcome"] == "replay_finished" and not engine.requests
-    assert sample.remove_sample and sample.response_length == 1 and sample.loss_mask == [0]
+    assert sample.remove_sample and not any(sample.loss_mask)  # the replay is all masked
 
 
-def test_evaluation_plays_the_full_episode_and_keeps_the_return(monkeypatch, tokenizer, tasks):
+def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokenizer, tasks):
     row = tasks[0]
-    moves = iter(row["metadata"]["expert_actions"])
-    sample, _ = play(monkeypatch, tokenizer, make_args(), row, step=0, policy=lambda i: next(moves), evaluation=True)
+    moves = row["metadata"]["expert_actions"]
+    sample, engine = play(
+        monkeypatch, tokenizer, make_args(), row, step=6, policy=lambda i: THINK + moves[i], evaluation=True,
+        max_new_tokens=5000,
+    )
     assert sample.metadata["success"] and sample.reward == sample.metadata["task_reward"] > 0
+    assert sample.metadata["episode_plan"]["mode"] == "full"
+    assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 128  # the turn limit, within eval's 5000
 
 
-def test_missing_plan_with_tcod_is_an_error(monkeypatch, tokenizer, tasks):
-    args = make_args()
-    monkeypatch.setattr(rollout, "get_tokenizer", lambda args: tokenizer)
-    with pytest.raises(ValueError, match="--rollout-function-path slime.rollout.tcod.generate_rollout"):
-        asyncio.run(rollout.generate(args, Sample(index=0, metadata=dict(tasks[0]["metadata"])), {}))
+def test_megatron_teacher_trains_pure_opd(monkeypatch, tokenizer, tasks):
+    row = tasks[0]
+    moves = row["metadata"]["expert_actions"]
+    args = make_args(use_tcod=False, opd_type="megatron", custom_rm_path=None)
+    sample, _ = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: moves[i])
+    assert sample.reward == 0.0 and sample.metadata["task_reward"] == 1.0  # logged, not trained
+
+
+def test_an_aborted_reply_ends_the_episode_at_once(monkeypatch, tokenizer, tasks):
+    sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False), tasks[0], step=0, policy=lambda i: None)
+    assert len(engine.requests) == 1 and sample.status == Sample.Status.ABORTED
+    assert sample.metadata["outcome"] == "aborted" and sample.metadata["num_turns"] == 0
 
 
 def test_an_environment_fault_fails_only_its_episode(monkeypatch, tokenizer, tasks):
-    broken = dict(tasks[0], metadata={**tasks[0]["metadata"], "env": "no-such-env"})
+    broken = dict(tasks[0], metadata={**tasks[0]["metadata"], "size": 99})
     sample, engine = play(monkeypatch, tokenizer, make_args(), broken, step=0, policy=lambda i: "noop")
-    assert sample.status == Sample.Status.FAILED and "no-such-env" in sample.metadata["error"]
+    assert sample.status == Sample.Status.FAILED and "size" in sample.metadata["error"]
     assert sample.remove_sample and not engine.requests
 
 
 def test_environment_contract(tasks):
     row = tasks[0]
-    sample = Sample(metadata=dict(row["metadata"]))
-    env = build_env(sample=sample, args=None)
+    env = build_env(sample=Sample(metadata=dict(row["metadata"])), args=None)
     observation, _ = env.reset()
     assert observation == row["input"]
     assert env.format_observation("x") == {"role": "user", "content": "x"}
     done, info = False, {}
     for action in env.expert_actions():
-        observation, done, info = env.step(action)
+        observation, done, info = env.step(THINK + action)
         assert isinstance(observation, str) and isinstance(info["reward"], float)
     assert done and info["success"]
     env.close()
 
 
 def test_rollout_log_hook_metrics_and_ci_checks(monkeypatch, tokenizer, tasks):
-    args = make_args(tcod_mode="f2b", use_opd=True, opd_type="sglang", ci_test=True)
+    args = make_args(ci_test=True)
     sample, _ = play(monkeypatch, tokenizer, args, tasks[0], step=2, policy=lambda i: "noop")  # depth 2
     teacher = [-0.25] * sample.response_length  # the teacher's reply, as upstream logs it before post-processing
     sample.reward = {"meta_info": {"input_token_logprobs": [[None, 0, None]] + [[t, 0, None] for t in teacher]}}
@@ -176,8 +252,13 @@ def test_rollout_log_hook_metrics_and_ci_checks(monkeypatch, tokenizer, tasks):
     assert extra["tcod/depth"] == 2 and extra["tcod/turns"] == 2 and extra["tcod/teacher_scored"] == 1.0
     assert extra["tcod/kl_mean"] == pytest.approx(-0.25) and extra["tcod/kl_turn_2"] == pytest.approx(-0.25)
     assert extra["tcod/kl_trajectory_mean"] == pytest.approx(-0.25 * trained)
+    assert extra["tcod/return"] == 0.0 and extra["tcod/turns_cut"] == 0.0
     with pytest.raises(AssertionError, match="expected depth 3"):
         metrics.log_rollout_data(4, args, [sample], {}, 0.0)  # k(4) = 3: this sample was planned at 2
     sample.reward = None
     with pytest.raises(AssertionError, match="unscored"):
         metrics.log_rollout_data(2, args, [sample], {}, 0.0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__]))

@@ -5,11 +5,12 @@ the data folder, e.g. "json_2.1.1/train/<task>/<trial>/game.tw-pddl"), "data_dir
 "expert_actions": optional (TCOD's official prefix: the actions of ALFWorld's train_expert.jsonl),
 "max_steps": optional (default 50, TCOD uses 30 student turns)}``.
 
-The data folder comes from ``metadata["data_dir"]`` or ``$ALFWORLD_DATA``; without it the factory fails
+The data folder comes from ``metadata["data_dir"]`` or ``$ALFWORLD_DATA``; without it ``build_env`` fails
 at once with what to download. Games are TextWorld PDDL games played with ``textworld.start`` and
 ALFWorld's ``AlfredDemangler`` (object names like "apple 1") through the TextWorld adapter, so reward,
-done, invalid actions and errors behave as there. Success: the game is won. Expert actions: the
-dataset's, else the game's walkthrough. Untested here without the data; the error path is tested.
+done, invalid actions, thinking replies (the action follows ``</think>``) and errors behave as there.
+Success: the game is won. Expert actions: the dataset's, else the game's walkthrough. Untested here
+without the data; the error path is tested.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class ALFWorldError(RuntimeError):
 
 class ALFWorldTextEnv(TextWorldTextEnv):
     error_class = ALFWorldError
+    how_to_act = "one command, e.g. 'go to countertop 1' or 'take apple 1 from countertop 1'"
 
     def __init__(self, metadata: dict, data_dir: Path):
         super().__init__(metadata)
@@ -69,8 +71,8 @@ class ALFWorldTextEnv(TextWorldTextEnv):
         return super().expert_actions()
 
 
-def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.agent_envs.alfworld_env.make_env``."""
+def build_env(sample=None, args=None):
+    """Upstream's environment hook: ``rollout_interaction_env_path: examples.agent_envs.alfworld_env``."""
     del args
     metadata = sample_metadata(sample)
     data_dir = require_data_dir("ALFWorld", metadata, "ALFWORLD_DATA", HOW_TO_GET)

@@ -1,4 +1,10 @@
-"""Helpers of this repository's environment adapters that need downloaded data or a game engine."""
+"""Helpers of this repository's environment adapters that need downloaded data or a game engine.
+
+The adapters follow upstream slime's contract (``examples/multi_turn_tcod/envs/common.py`` describes it):
+``build_env(sample, args)``, ``reset() -> (observation, info)``, ``step(response_text) -> (observation,
+done, info)`` with ``info["reward"]`` and ``info["success"]``, ``format_observation``, ``close`` and
+``expert_actions``. The game receives only the action part of a reply (``reply_action``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from examples.multi_turn_tcod.envs.common import THINK_CLOSE, THINK_OPEN
 
 
 def require_data_dir(env_name: str, metadata: dict, env_var: str, how_to_get: str) -> Path:
@@ -76,3 +84,16 @@ class ResourcePool:
             idle, self._idle = self._idle, []
         for resource in idle:
             self.discard(resource)
+
+
+def no_action_observation(how_to_act: str) -> str:
+    """The answer to a reply that stopped inside ``<think>``: nothing reaches the game, the step is invalid."""
+    return (
+        f"No action: the reply ended inside {THINK_OPEN}. Think briefly, close with {THINK_CLOSE}, "
+        f"then give one action: {how_to_act}"
+    )
+
+
+def user_message(observation: str) -> dict:
+    """``format_observation`` of the text environments here: the observation as one user turn."""
+    return {"role": "user", "content": observation}

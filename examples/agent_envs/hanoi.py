@@ -108,8 +108,8 @@ class HanoiEnv(PuzzleEnv):
                 f"Action: move X Y.\n{self._observe(pos)}")
 
 
-def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.multi_turn_tcod.envs.hanoi.make_env``."""
+def build_env(sample=None, args=None):
+    """Upstream's environment hook: ``rollout_interaction_env_path: examples.agent_envs.hanoi``."""
     del args
     return HanoiEnv(sample_metadata(sample))
 

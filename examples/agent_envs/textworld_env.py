@@ -1,4 +1,4 @@
-"""TextWorld (pip ``textworld``, offline) games generated locally, behind the environment contract.
+"""TextWorld (pip ``textworld``, offline) games generated locally, behind upstream's environment contract.
 
 Task metadata: ``{"env": "textworld", "seed": int, "rooms": int (default 2), "objects": int (default 3),
 "quest_length": int (default 3), "max_steps": optional (default 50), "games_dir": optional}``.
@@ -9,9 +9,13 @@ The game for a seed and size is generated once with TextWorld's generator (``mak
 through ``textworld.start``.
 
 * first observation: the game's objective, then the room description;
-* reward: the change in game points divided by the game's max score; success: the game is won;
+* action: what follows ``</think>`` in the reply (``reply_action``); a reply that ends inside its think
+  block never reaches the game: it is an invalid step answered with an observation saying so;
+* reward (``info["reward"]``): the change in game points divided by the game's max score; success: the
+  game is won;
 * invalid action: a command that was not in the previous state's admissible commands (TextWorld
   answers those itself, e.g. "That's not a verb I recognise.");
+* every step, invalid ones included, counts towards ``max_steps``;
 * expert actions: the game's walkthrough;
 * any TextWorld failure is raised as ``TextWorldError`` naming the game file.
 """
@@ -24,8 +28,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from examples.agent_envs.common import close_quietly
-from examples.multi_turn_tcod.envs.common import int_param, pick_params, sample_metadata
+from examples.agent_envs.common import close_quietly, no_action_observation, user_message
+from examples.multi_turn_tcod.envs.common import int_param, pick_params, reply_action, sample_metadata
 
 _generate_lock = threading.Lock()
 
@@ -86,6 +90,7 @@ class TextWorldTextEnv:
 
     error_class = TextWorldError
     wrappers: list = []
+    how_to_act = "one command, e.g. 'go east' or 'take key'"
 
     def __init__(self, metadata: dict):
         self.metadata = dict(metadata)
@@ -110,7 +115,7 @@ class TextWorldTextEnv:
         return textworld.EnvInfos(admissible_commands=True, won=True, lost=True, description=True,
                                   objective=True, max_score=True, score=True, extras=["walkthrough"])
 
-    def reset(self) -> str:
+    def reset(self):
         self.path = self._game_path()
         try:
             import textworld
@@ -121,12 +126,20 @@ class TextWorldTextEnv:
         except Exception as err:
             self._fail("reset", err)
         self.steps, self.score, self.done = 0, 0, False
-        return self._first_observation(self._state)
+        return self._first_observation(self._state), {}
 
-    def step(self, action: str):
+    def step(self, response_text: str):
         if self._state is None:
             raise RuntimeError("TextWorld: step() called before reset() (or after close() / a failure)")
-        command = " ".join((action or "").strip().split())
+        action = reply_action(response_text)
+        if action is None:
+            self.steps += 1
+            info = {"reward": 0.0, "success": False, "lost": False, "score": self.score, "invalid_action": True}
+            done = self.steps >= self.max_steps
+            if done:
+                info["out_of_steps"] = True
+            return no_action_observation(self.how_to_act), done, info
+        command = " ".join(action.strip().split())
         admissible = {c.lower() for c in self._state["admissible_commands"] or []}
         try:
             self._state, score, done = self._env.step(command)
@@ -137,11 +150,14 @@ class TextWorldTextEnv:
         reward = (score - self.score) / max_score
         self.score = score
         won = bool(self._state["won"])
-        info = {"success": won, "lost": bool(self._state.get("lost")), "score": score,
+        info = {"reward": reward, "success": won, "lost": bool(self._state.get("lost")), "score": score,
                 "invalid_action": command.lower() not in admissible}
         if not done and self.steps >= self.max_steps:
             done, info["out_of_steps"] = True, True
-        return clean_feedback(self._state.feedback), reward, bool(done), info
+        return clean_feedback(self._state.feedback), bool(done), info
+
+    def format_observation(self, observation: str) -> dict:
+        return user_message(observation)
 
     def expert_actions(self) -> list[str] | None:
         if self._state is None:
@@ -154,8 +170,8 @@ class TextWorldTextEnv:
         close_quietly(env)
 
 
-def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.agent_envs.textworld_env.make_env``."""
+def build_env(sample=None, args=None):
+    """Upstream's environment hook: ``rollout_interaction_env_path: examples.agent_envs.textworld_env``."""
     del args
     return TextWorldTextEnv(sample_metadata(sample))
 

@@ -4,6 +4,8 @@
 step's rollout metrics (and returns False, so the default logging still runs and emits them):
 
 * ``tcod/depth`` (the step's k(n)), ``tcod/prefix_turns``, ``tcod/turns``, ``tcod/success_rate``,
+  ``tcod/return`` (the environment's return, which OPD logs but does not train), ``tcod/turns_cut``
+  (fraction of student turns cut by their token budget: thinking that did not finish),
   ``tcod/removed`` (samples kept out of training);
 * with teacher scores at hand (a server teacher): ``tcod/kl_mean`` (sampled reverse KL
   ``log p_student - log p_teacher`` per trained token), ``tcod/kl_trajectory_mean`` / ``_max`` (summed over
@@ -65,6 +67,9 @@ def rollout_metrics(args, samples) -> dict:
         "tcod/prefix_turns": sum(s.metadata.get("prefix_turns", 0) for s in multi_turn) / n,
         "tcod/turns": sum(s.metadata["num_turns"] for s in multi_turn) / n,
         "tcod/success_rate": sum(bool(s.metadata.get("success")) for s in multi_turn) / n,
+        "tcod/return": sum(s.metadata.get("task_reward", 0.0) for s in multi_turn) / n,
+        "tcod/turns_cut": sum(s.metadata["turns_without_stop"] for s in multi_turn)
+        / max(1, sum(s.metadata["num_turns"] for s in multi_turn)),
         "tcod/removed": n - len(trained),
     }
     depths = [s.metadata["episode_plan"]["depth"] for s in multi_turn if "depth" in s.metadata.get("episode_plan", {})]
