@@ -43,7 +43,7 @@ for config in "$@"; do
   rm -rf "${OUT:?}/${name}"
   "${PYTHON}" train.py --hf-checkpoint "${STUDENT}" --prompt-data "${DATA}/train.jsonl" --rollout-shuffle \
     --seed "${SEED}" --rollout-seed "${SEED}" \
-    --rollout-interaction-env-path examples.agent_envs.make_env \
+    --rollout-interaction-env-path examples.agent_envs \
     --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
     --max-turns 10 --max-turn-response-len 8 --rollout-max-response-len 480 \
     --eval-prompt-data gridnav "${DATA}/eval.jsonl" --eval-temperature "${EVAL_TEMPERATURE:-1.0}" \

@@ -32,11 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.agent_envs import make_env  # noqa: E402
+from examples.agent_envs import build_env  # noqa: E402
 from examples.agent_envs.make_data import task_rows  # noqa: E402
 from slime.backends.sglang_utils.launcher import launch_engine  # noqa: E402
+from slime.backends.sglang_utils.router import host_port  # noqa: E402
 from examples.multi_turn_tcod import rollout as multi_turn  # noqa: E402
-from examples.multi_turn_tcod.chat_layout import decode_action, encode_observation  # noqa: E402
+from examples.multi_turn_tcod.chat_layout import encode_observation, turn_stop_id  # noqa: E402
 from slime.rollout.sglang_rollout import build_sampling_params, run_async  # noqa: E402
 from slime.utils import http_utils  # noqa: E402
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint  # noqa: E402
@@ -112,16 +113,18 @@ def generated(s: Sample) -> int:
 def env_and_tokenize_cost(episodes, tok):
     """Seconds spent in env.step and in encode_observation over all recorded turns (in-process)."""
     env_s = tok_s = 0.0
+    stop = turn_stop_id(tok)
     for s in episodes:
-        env = make_env(None, s)
+        env = build_env(s, None)
         env.reset()
         prompt = len(s.tokens) - s.response_length
         for a, b in s.metadata["turn_spans"]:
-            action = decode_action(tok, s.tokens[prompt + a: prompt + b])
+            # The text the agent loop hands to env.step: the turn's ids without its stop token.
+            action = tok.decode([i for i in s.tokens[prompt + a: prompt + b] if i != stop])
             t0 = time.perf_counter()
-            observation, _, done, _ = env.step(action)
+            observation, done, _ = env.step(action)
             t1 = time.perf_counter()
-            encode_observation(tok, observation)
+            encode_observation(tok, env.format_observation(observation))
             env_s, tok_s = env_s + t1 - t0, tok_s + time.perf_counter() - t1
             if done:
                 break
@@ -174,7 +177,7 @@ def main(argv=None):
     args = get_parser().parse_args([
         "--hf-checkpoint", ckpt, "--max-turns", str(a.max_turns), "--max-turn-response-len", str(a.turn_tokens),
         "--rollout-max-response-len", "480", "--rollout-interaction-env-path",
-        "examples.agent_envs.make_env", "--rollout-seed", "0"])
+        "examples.agent_envs", "--rollout-seed", "0"])
     validate_args(args)
     temperature = args.rollout_temperature
     tasks = make_tasks(a.episodes)
@@ -182,7 +185,8 @@ def main(argv=None):
 
     def agent_on(engine_url):
         def run():
-            args.rollout_engine_urls = [engine_url]
+            # The agent loop reaches its engine through upstream's router flags, here the engine itself.
+            args.sglang_router_ip, args.sglang_router_port = host_port(engine_url)
             return run_agent(args, tasks)
         return run
 

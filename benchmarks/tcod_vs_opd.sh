@@ -74,7 +74,7 @@ with open(sys.argv[1]) as src, open(sys.argv[2], 'w') as dst:
 # The run-tiny-tcod.sh flags minus the seeds, which vary per run below.
 base_args() {
   printf '%s\n' --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle \
-    --rollout-interaction-env-path examples.agent_envs.make_env \
+    --rollout-interaction-env-path examples.agent_envs \
     --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
     --max-turns "${MAX_TURNS}" --max-turn-response-len "${TURN_LEN}" --rollout-max-response-len "${RESPONSE_LEN}" \
     --eval-prompt-data "${SETTING}" "${OUT_DIR}/eval.jsonl" --eval-temperature "${EVAL_TEMPERATURE:-1.0}"
@@ -129,10 +129,10 @@ TEACHER_PID=$!
 
 declare -A RUN_ARGS=(
   [opd]=""
-  [f2b]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta ${ETA}"
-  [b2f]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+  [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
+  [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
   # B2F whose prefix is the teacher's own episode: expert paths hidden from data and environment.
-  [b2ft]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source teacher --prompt-data ${OUT_DIR}/train_noexpert.jsonl --rollout-interaction-env-path examples.agent_envs.no_expert.make_env"
+  [b2ft]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source teacher --prompt-data ${OUT_DIR}/train_noexpert.jsonl --rollout-interaction-env-path examples.agent_envs.no_expert"
 )
 for seed in ${SEEDS}; do
   for run in ${METHODS:-opd f2b b2f}; do

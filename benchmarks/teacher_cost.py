@@ -34,10 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.agent_envs import make_env  # noqa: E402
+from examples.agent_envs import build_env  # noqa: E402
 from examples.agent_envs.make_data import task_rows  # noqa: E402
 from rollout_throughput import play  # noqa: E402  (run as a script, this folder is on sys.path)
 from slime.backends.sglang_utils.launcher import launch_engine  # noqa: E402
+from slime.backends.sglang_utils.router import host_port  # noqa: E402
 from slime.rollout.expert_sft import build_expert_sample  # noqa: E402
 from slime.rollout.on_policy_distillation import teacher_payload  # noqa: E402
 from slime.rollout.sglang_rollout import run_async  # noqa: E402
@@ -48,8 +49,9 @@ from slime.utils.types import Sample  # noqa: E402
 
 def expert_trajectories(disks: int, n: int, tok) -> list[Sample]:
     rows = task_rows("hanoi", n, 0, {"disks": disks, "start": "tower"})
-    return [build_expert_sample(make_env, None, Sample(index=i, metadata=dict(row["metadata"],
-                                expert_actions=row["expert_actions"])), tok) for i, row in enumerate(rows)]
+    # The rows' metadata carries the expert actions (make_data keeps them there, as upstream's Dataset does).
+    return [build_expert_sample(build_env, None, Sample(index=i, metadata=dict(row["metadata"])), tok)
+            for i, row in enumerate(rows)]
 
 
 def student_trajectories(disks: int, n: int, ckpt: str, url: str) -> list[Sample]:
@@ -59,9 +61,10 @@ def student_trajectories(disks: int, n: int, ckpt: str, url: str) -> list[Sample
     args = get_parser().parse_args([
         "--hf-checkpoint", ckpt, "--max-turns", str(turns), "--max-turn-response-len", "8",
         "--rollout-max-response-len", str(160 * turns), "--rollout-interaction-env-path",
-        "examples.agent_envs.make_env", "--rollout-seed", "0"])
+        "examples.agent_envs", "--rollout-seed", "0"])
     validate_args(args)
-    args.rollout_engine_urls = [url]
+    # The agent loop reaches its engine through upstream's router flags, here the engine itself.
+    args.sglang_router_ip, args.sglang_router_port = host_port(url)
     # max_steps well past T: the episode ends at --max-turns, not because the env gave up.
     return play(args, [Sample(index=i, metadata={"env": "hanoi", "seed": i, "disks": disks, "start": "tower",
                                                  "max_steps": 4 * turns}) for i in range(n)])

@@ -29,13 +29,13 @@ done
 
 case "${MODE}" in
   opd) EXTRA=() ;;
-  f2b) EXTRA=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta 2) ;;
-  b2f) EXTRA=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta 2 --tcod-prefix-source expert) ;;
+  f2b) EXTRA=(--use-tcod --tcod-mode f2b --tcod-eta 2) ;;
+  b2f) EXTRA=(--use-tcod --tcod-mode b2f --tcod-eta 2 --tcod-prefix-source expert) ;;
   *) echo "unknown mode ${MODE}" >&2; exit 2 ;;
 esac
 rm -rf "${OUT}/run"
 "${PYTHON}" train.py --hf-checkpoint "${OUT}/student" --prompt-data "${OUT}/train.jsonl" --rollout-shuffle \
-  --seed 0 --rollout-seed 0 --rollout-interaction-env-path examples.agent_envs.make_env \
+  --seed 0 --rollout-seed 0 --rollout-interaction-env-path examples.agent_envs \
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate \
   --max-turns 10 --max-turn-response-len 8 --rollout-max-response-len 480 \
   --rollout-batch-size 8 --micro-batch-size 8 --num-rollout "${STEPS}" --lr 1e-4 --rollout-temperature 1.0 \

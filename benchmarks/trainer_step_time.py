@@ -102,15 +102,15 @@ def make_batches(n_batches: int, teacher_ckpt: str, seed: int = 0) -> list[list]
     rows = list(task_rows("gridnav", n, seed, DEMO["grid"], min_len=DEMO["min_len"], max_len=DEMO["max_len"]))
     samples = []
     for i, row in enumerate(rows):
-        env = gridnav.make_env(None, {"metadata": row["metadata"]})
+        env = gridnav.build_env({"metadata": row["metadata"]}, None)
         sample = Sample(group_index=i % DEMO["batch"], index=i % DEMO["batch"], prompt=row["input"],
-                        tokens=encode_prompt(tok, env.reset()), reward=0.0)
+                        tokens=encode_prompt(tok, env.reset()[0]), reward=0.0)
         turns = rng.randint(*DEMO["turns"])
         for turn in range(turns):
             move = rng.choice(MOVES)
             ids = encode_action(tok, move)
             sample.append_response_tokens(tokens=ids, trainable=True, log_probs=[-1.0] * len(ids))
-            observation, _, done, _ = env.step(move)
+            observation, done, _ = env.step(move)
             if done:
                 break
             if turn + 1 < turns:  # nothing follows the final action

@@ -74,7 +74,7 @@ OPD_ARGS=(
   --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
   --rm-url "http://127.0.0.1:${TEACHER_PORT}/generate"
 )
-TCOD_ARGS=(--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode "${TCOD_MODE}" --tcod-k-start 1 --tcod-eta "${ETA}" --tcod-k-max "${MAX_TURNS}")
+TCOD_ARGS=(--use-tcod --tcod-mode "${TCOD_MODE}" --tcod-k-start 1 --tcod-eta "${ETA}" --tcod-k-max "${MAX_TURNS}")
 [ "${TCOD_MODE}" = b2f ] && TCOD_ARGS+=(--tcod-prefix-source expert)
 ALGO_ARGS=(--advantage-estimator grpo --eps-clip 0.2 --kl-coef 0.0 --entropy-coef 0.0)
 OPTIMIZER_ARGS=(--lr 1e-6 --weight-decay 0.0 --adam-beta1 0.9 --adam-beta2 0.999 --clip-grad 1.0)

@@ -62,7 +62,7 @@ GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
 COMMON=(
   --train-backend "${TRAIN_BACKEND}"
   --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
-  --rollout-interaction-env-path examples.agent_envs.make_env
+  --rollout-interaction-env-path examples.agent_envs
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
   --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
   --eval-prompt-data gridnav "${OUT_DIR}/eval.jsonl" --eval-temperature 1.0
@@ -111,8 +111,8 @@ OPD=(
 )
 declare -A RUN_ARGS=(
   [opd]=""
-  [f2b]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode f2b --tcod-eta ${ETA}"
-  [b2f]="--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
+  [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
+  [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
 )
 i=0
 for run in opd f2b b2f; do

@@ -1,19 +1,19 @@
-"""An environment that raises, hangs or returns a NaN reward on a chosen call, to test that env faults end
-only their episode."""
+"""An environment that raises, hangs or breaks the step contract on a chosen call, to test that env faults end
+only their episode (``rollout_interaction_env_path: flaky_env``, with ``tests/`` on the path)."""
 
 import threading
 
-from examples.agent_envs import make_env as make_builtin_env
+from examples.agent_envs import build_env as build_any_env
 
-# Hung calls wait on this; tests set it at teardown so no thread outlives its test for long.
+# Hung calls wait on this; tests set it once the episodes are over so no thread outlives its test for long.
 RELEASE = threading.Event()
 CLOSED: list = []  # sample indices whose env was closed
 
 
 class FlakyEnv:
-    def __init__(self, inner, fail_at: int, hang_in: str | None = None, nan_at: int = -1, index=None):
+    def __init__(self, inner, fail_at: int, hang_in: str | None = None, malformed_at: int = -1, index=None):
         self.inner, self.fail_at, self.steps = inner, fail_at, 0
-        self.hang_in, self.nan_at, self.index = hang_in, nan_at, index
+        self.hang_in, self.malformed_at, self.index = hang_in, malformed_at, index
 
     def _maybe_hang(self, call):
         if self.hang_in == call:
@@ -25,13 +25,18 @@ class FlakyEnv:
             raise ConnectionError("JVM crashed during reset")
         return self.inner.reset()
 
-    def step(self, action):
+    def step(self, response_text):
         self._maybe_hang("step")
         self.steps += 1
         if 0 < self.fail_at <= self.steps:
             raise RuntimeError(f"simulated crash at step {self.steps}")
-        observation, reward, done, info = self.inner.step(action)
-        return observation, float("nan") if self.steps == self.nan_at else reward, done, info
+        observation, done, info = self.inner.step(response_text)
+        if self.steps == self.malformed_at:  # the removed factory contract's 4-tuple
+            return observation, info["reward"], done, info
+        return observation, done, info
+
+    def format_observation(self, observation):
+        return self.inner.format_observation(observation)
 
     def close(self):
         self._maybe_hang("close")
@@ -39,11 +44,14 @@ class FlakyEnv:
         self.inner.close()
 
 
-def make_env(args, sample):
+def build_env(sample=None, args=None):
     """Fails at ``metadata["fail_at"]`` (0 = in reset, negative = never); ``hang_in`` names a call that
-    blocks until :data:`RELEASE` ("build", "reset", "step", "close"); ``nan_at`` a step whose reward is NaN."""
+    blocks until :data:`RELEASE` ("build", "reset", "step", "close"); ``malformed_at`` a step that returns
+    the wrong tuple."""
     meta = sample.metadata
     if meta.get("hang_in") == "build":
         RELEASE.wait()
-    return FlakyEnv(make_builtin_env(args, sample), int(meta.get("fail_at", -1)), meta.get("hang_in"),
-                    int(meta.get("nan_at", -1)), sample.index)
+    inner = build_any_env(sample, args)
+    return FlakyEnv(
+        inner, int(meta.get("fail_at", -1)), meta.get("hang_in"), int(meta.get("malformed_at", -1)), sample.index
+    )

@@ -5,8 +5,7 @@ from slime.utils.kl_controller import FixedKLController, build_kl_controller
 
 SERVER_OPD = ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate"]
 ENV = ["--rollout-interaction-env-path", "examples.agent_envs"]
-TCOD_FN = ["--rollout-function-path", "slime.rollout.tcod.generate_rollout"]
-TCOD = SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"]
+TCOD = SERVER_OPD + ENV + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"]
 ADAPTIVE = ["--advantage-estimator", "ppo", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"]
 
 
@@ -51,10 +50,10 @@ RULES = [
     (SERVER_OPD + ["--opd-kl-coef", "-0.1"], "--opd-kl-coef"),
     # TCOD
     (["--tcod-prefix-source", "expert"], "--tcod-prefix-source"),
-    (ENV + TCOD_FN + ["--use-tcod", "--max-turns", "5", "--tcod-eta", "6"], "--use-opd"),
-    (SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--tcod-eta", "6"], "--max-turns"),
-    (SERVER_OPD + ENV + TCOD_FN + ["--use-tcod", "--max-turns", "30"], "--tcod-eta"),
-    (SERVER_OPD + ENV + ["--use-tcod", "--max-turns", "30", "--tcod-eta", "6"], "--rollout-function-path"),
+    (ENV + ["--use-tcod", "--max-turns", "5", "--tcod-eta", "6"], "--use-opd"),
+    (SERVER_OPD + ENV + ["--use-tcod", "--tcod-eta", "6"], "max_turns"),
+    (SERVER_OPD + ENV + ["--use-tcod", "--max-turns", "30"], "--tcod-eta"),
+    (SERVER_OPD + ENV + ["--max-turns", "30", "--tcod-eta", "6"], "--use-tcod"),
     (["--max-turns", "3"], "--rollout-interaction-env-path"),
     (ENV + ["--max-turns", "3", "--max-turn-response-len", "0"], "--max-turn-response-len"),
     (TCOD[:-1] + ["0"], "--tcod-eta"),
@@ -62,7 +61,7 @@ RULES = [
     (TCOD + ["--tcod-k-start", "5", "--tcod-k-max", "4"], "--tcod-k-max"),
     (TCOD + ["--tcod-k-max", "31"], "--tcod-k-max"),
     (TCOD + ["--tcod-prefix-source", "expert"], "--tcod-prefix-source"),
-    (["--use-opd", "--opd-type", "sglang", *ENV, *TCOD_FN, "--use-tcod", "--max-turns", "30", "--tcod-eta", "5",
+    (["--use-opd", "--opd-type", "sglang", *ENV, "--use-tcod", "--max-turns", "30", "--tcod-eta", "5",
       "--tcod-mode", "b2f", "--tcod-prefix-source", "teacher"], "--rm-url"),
     # reward-side KL and its controller
     (["--kl-coef", "-1"], "--kl-coef"),
@@ -187,8 +186,9 @@ def test_server_teacher_with_other_temperature_warns():
 
 
 def test_tcod_fills_k_max_and_b2f_prefix_source():
-    args = validated(TCOD)
-    assert args.tcod_k_max == 30 and args.tcod_prefix_source is None
+    args = validated(TCOD)  # the default rollout function: the agent loop reads the step from sample_hooks
+    assert args.rollout_function_path == "slime.rollout.sglang_rollout.generate_rollout"
+    assert (args.tcod_mode, args.tcod_k_start, args.tcod_k_max, args.tcod_prefix_source) == ("f2b", 1, 30, None)
     args = validated(TCOD + ["--tcod-mode", "b2f", "--tcod-k-max", "20"])
     assert args.tcod_k_max == 20 and args.tcod_prefix_source == "expert"
     args = validated(TCOD + ["--tcod-mode", "b2f", "--tcod-prefix-source", "teacher"])

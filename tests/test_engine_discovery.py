@@ -84,6 +84,8 @@ def test_weights_reach_every_worker_behind_the_router(stubs, old_router):
     manager = manager_for(router.server.port)
     manager.wait_engines()
     assert manager.args.engine_limits["rollout"]["context_len"] == 4096
+    # Carried into upstream's flags: a prompt of at most max_req_input_len - 1 = 4089 tokens gets a request.
+    assert manager.args.rollout_max_context_len == manager.args.eval_max_context_len == 4090
     manager.update_weights("/ckpt/step1")
     assert [e.loaded for e in engines] == [["/ckpt/step1"], ["/ckpt/step1"]]
     engines.append(StubEngine())  # a worker registered later gets the next update too

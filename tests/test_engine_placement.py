@@ -46,10 +46,14 @@ def test_engines_get_their_own_gpus(tmp_path, monkeypatch):
     ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
     manager = RolloutManager.__new__(RolloutManager)
     manager.args, manager.engines, manager._engine_group, manager.needs_engines = args_for(model), [], None, True
+    manager._router = None
     try:
         manager._start_engines()
         manager.wait_engines(timeout=240)
         assert len(manager.args.rollout_engine_urls) == 2
+        # Two engines: the generate functions reach them through a round-robin router of this process.
+        assert (manager.args.sglang_router_ip, manager.args.sglang_router_port) == ("127.0.0.1", manager._router.port)
+        assert manager.engine_urls() == manager.args.rollout_engine_urls
         assert manager.args.engine_limits["rollout"]["deterministic"] is True
         runs = [json.loads(p.read_text()) for p in sorted(record.glob("*.json"))]
         engine_devices = [r["cuda_visible_devices"] for r in runs]

@@ -1,4 +1,5 @@
-"""Built-in puzzles: optimal experts at every horizon, invalid actions, determinism, the data generator."""
+"""Built-in puzzles through ``examples.agent_envs`` (upstream's ``build_env`` contract): optimal experts at every
+horizon, invalid actions, thinking replies, determinism, the dispatcher and the data generator."""
 
 import itertools
 import json
@@ -6,18 +7,31 @@ from collections import deque
 
 import pytest
 
-from examples.agent_envs import make_env
-from examples.agent_envs import make_data
+from examples.agent_envs import ENV_MODULES, build_env, env_module, make_data, no_expert
 from slime.utils.types import Sample
 
 
 def build(**metadata):
-    return make_env(None, Sample(metadata=metadata))
+    return build_env(Sample(metadata=metadata), None)  # positionally, as the agent loop calls it
+
+
+def reset(env):
+    observation, info = env.reset()
+    assert isinstance(observation, str) and isinstance(info, dict)
+    return observation
 
 
 def play(env, actions):
-    steps = [env.step(a) for a in actions]
+    """(observation, reward, done, info) per action, the reward read from ``info["reward"]``."""
+    steps = []
+    for action in actions:
+        observation, done, info = env.step(action)
+        steps.append((observation, info["reward"], done, info))
     return steps
+
+
+def step(env, action):
+    return play(env, [action])[0]
 
 
 # ----------------------------------------------------------------------------- independent solvers
@@ -73,9 +87,9 @@ def hanoi_bfs_length(first_observation: str) -> int:
 def test_gridnav_expert_is_optimal_and_solves(size, walls):
     for seed in range(25):
         env = build(env="gridnav", seed=seed, size=size, walls=walls)
-        first = env.reset()
+        observation = reset(env)
         expert = env.expert_actions()
-        assert len(expert) == grid_bfs_length(first)
+        assert len(expert) == grid_bfs_length(observation)
         steps = play(env, expert)
         assert all(not done for _, _, done, _ in steps[:-1])
         _, reward, done, info = steps[-1]
@@ -87,9 +101,9 @@ def test_gridnav_expert_is_optimal_and_solves(size, walls):
 def test_hanoi_expert_is_optimal_from_random_starts(disks):
     for seed in range(25):
         env = build(env="hanoi", seed=seed, disks=disks)
-        first = env.reset()
+        observation = reset(env)
         expert = env.expert_actions()
-        assert len(expert) == hanoi_bfs_length(first)
+        assert len(expert) == hanoi_bfs_length(observation)
         *_, (obs, reward, done, info) = play(env, expert)
         assert done and info["success"] and reward == 1.0 and obs.endswith("solved")
 
@@ -97,7 +111,7 @@ def test_hanoi_expert_is_optimal_from_random_starts(disks):
 @pytest.mark.parametrize("disks", [1, 3, 5, 6])
 def test_hanoi_tower_start_takes_two_to_the_n_minus_one(disks):
     env = build(env="hanoi", seed=7, disks=disks, start="tower")
-    env.reset()
+    reset(env)
     expert = env.expert_actions()
     assert len(expert) == 2 ** disks - 1
     assert play(env, expert)[-1][3]["success"]
@@ -105,11 +119,11 @@ def test_hanoi_tower_start_takes_two_to_the_n_minus_one(disks):
 
 def test_horizons_reach_thirty_turns_and_more():
     grid = build(env="gridnav", seed=0, size=20, walls=0.2, min_dist=30)
-    grid.reset()
+    reset(grid)
     assert len(grid.expert_actions()) >= 30
     assert play(grid, grid.expert_actions())[-1][3]["success"]
     hanoi = build(env="hanoi", seed=0, disks=6, min_dist=40)
-    hanoi.reset()
+    reset(hanoi)
     assert 40 <= len(hanoi.expert_actions()) <= 63
     assert play(hanoi, hanoi.expert_actions())[-1][3]["success"]
 
@@ -117,7 +131,7 @@ def test_horizons_reach_thirty_turns_and_more():
 def test_min_max_dist_bounds_and_impossible_bounds():
     for seed in range(10):
         env = build(env="gridnav", seed=seed, size=6, walls=0.2, min_dist=5, max_dist=6)
-        env.reset()
+        reset(env)
         assert 5 <= len(env.expert_actions()) <= 6
     with pytest.raises(ValueError, match="no layout"):
         build(env="gridnav", seed=0, size=3, min_dist=10)
@@ -125,14 +139,14 @@ def test_min_max_dist_bounds_and_impossible_bounds():
         build(env="hanoi", seed=0, disks=12)
 
 
-# ----------------------------------------------------------------------------- invalid actions, limits
+# ----------------------------------------------------------------------------- replies: invalid, thinking
 @pytest.mark.parametrize("metadata", [dict(env="gridnav", seed=3, size=5), dict(env="hanoi", seed=3, disks=3)])
 @pytest.mark.parametrize("bad", ["xyz", "", "   ", "move A A", "jump\nnow", "m" * 500])
 def test_unparseable_actions_are_observations_not_exceptions(metadata, bad):
     env = build(**metadata)
-    env.reset()
+    reset(env)
     before = env.state
-    obs, reward, done, info = env.step(bad)
+    obs, reward, done, info = step(env, bad)
     assert obs.startswith("Invalid action") and "Valid actions:" in obs and len(obs) < 120
     assert (reward, done, info["invalid_action"], info["success"]) == (0.0, False, True, False)
     assert env.state == before
@@ -140,32 +154,55 @@ def test_unparseable_actions_are_observations_not_exceptions(metadata, bad):
 
 def test_actions_are_normalised_like_model_output():
     env = build(env="hanoi", seed=3, disks=3)
-    env.reset()
-    first = env.expert_actions()[0]
-    obs, _, _, info = env.step("  " + first.upper() + "  \n")
+    reset(env)
+    move = env.expert_actions()[0]
+    obs, _, _, info = step(env, "  " + move.upper() + "  \n")
     assert not info["invalid_action"] and not obs.startswith("Invalid")
+
+
+@pytest.mark.parametrize("metadata", [dict(env="gridnav", seed=3, size=5), dict(env="hanoi", seed=3, disks=3)])
+def test_thinking_replies_act_on_what_follows_the_think_block(metadata):
+    env = build(**metadata)
+    reset(env)
+    expert = env.expert_actions()
+    # Qwen3's thinking layout; the reasoning may name other actions, only the part after </think> counts.
+    replies = [f"<think>\nnot {a}, maybe left; move A B?\n</think>\n\n{a}" for a in expert]
+    *_, (obs, reward, done, info) = play(env, replies)
+    assert done and info["success"] and reward == 1.0
+
+
+@pytest.mark.parametrize("metadata", [dict(env="gridnav", seed=3, size=5), dict(env="hanoi", seed=3, disks=3)])
+def test_a_reply_cut_inside_its_thought_is_an_invalid_step(metadata):
+    env = build(**metadata, max_steps=2)
+    reset(env)
+    before, move = env.state, env.expert_actions()[0]
+    obs, reward, done, info = step(env, f"<think>\nI will play {move}")  # cut by the turn's token budget
+    assert "ended inside <think>" in obs and "</think>" in obs
+    assert (reward, done, info["invalid_action"], info["success"]) == (0.0, False, True, False)
+    assert env.state == before  # the action named inside the thought was not played
+    _, _, done, info = step(env, "<think>")
+    assert done and info["out_of_steps"]  # it counts towards max_steps like any step
 
 
 def test_impossible_moves_keep_the_state_and_say_why():
     env = build(env="hanoi", seed=1, disks=3, start="tower")
-    first = env.reset()
-    pegs = parse_pegs(first.splitlines()[1])
+    pegs = parse_pegs(reset(env).splitlines()[1])
     empty = "ABC"[[len(p) for p in pegs].index(0)]
-    obs, _, done, info = env.step(f"move {empty} A" if empty != "A" else "move A B")
+    obs, _, done, info = step(env, f"move {empty} A" if empty != "A" else "move A B")
     assert obs.startswith("Illegal") and info["invalid_action"] and not done
     # The observation names the blocked directions; walking into one is refused, the position kept.
-    grid, first = next((g, f) for g in (build(env="gridnav", seed=s, size=4, walls=0.2) for s in range(50))
-                       for f in [g.reset()] if "wall:" in f.splitlines()[-1])
-    blocked = first.split("wall:")[1].split(",")[0]
-    position = first.splitlines()[-1].split(" wall:")[0]
-    obs, _, done, info = grid.step(blocked)
+    grid, observation = next((g, f) for g in (build(env="gridnav", seed=s, size=4, walls=0.2) for s in range(50))
+                             for f in [reset(g)] if "wall:" in f.splitlines()[-1])
+    blocked = observation.split("wall:")[1].split(",")[0]
+    position = observation.splitlines()[-1].split(" wall:")[0]
+    obs, _, done, info = step(grid, blocked)
     assert obs.startswith(f"Blocked {blocked}. {position}") and info["invalid_action"] and not done
 
 
 def test_every_episode_ends_within_max_steps():
     env = build(env="gridnav", seed=2, size=6, max_steps=7)
-    env.reset()
-    results = [env.step("nonsense") for _ in range(7)]
+    reset(env)
+    results = play(env, ["nonsense"] * 7)
     assert [done for _, _, done, _ in results] == [False] * 6 + [True]
     assert results[-1][3].get("out_of_steps") and not results[-1][3]["success"]
     with pytest.raises(RuntimeError, match="after the episode ended"):
@@ -174,38 +211,65 @@ def test_every_episode_ends_within_max_steps():
 
 def test_shaping_adds_progress_reward():
     env = build(env="gridnav", seed=4, size=7, walls=0.0, shaping=0.1)
-    env.reset()
+    reset(env)
     expert = env.expert_actions()
     rewards = [r for _, r, _, _ in play(env, expert)]
     assert sum(rewards) == pytest.approx(1.0 + 0.1 * len(expert))
     # A step away from the goal costs the same shaping it would have earned.
-    first = env.reset()
-    x, y = map(int, first.splitlines()[-1].split()[1].split(","))
-    gx, gy = map(int, first.splitlines()[-1].split()[3].split(","))
+    last = reset(env).splitlines()[-1].split()
+    x, y = map(int, last[1].split(","))
+    gx, gy = map(int, last[3].split(","))
     away = ("left" if gx > x else "right") if gx != x else ("up" if gy > y else "down")
-    obs, reward, _, info = env.step(away)
+    obs, reward, _, info = step(env, away)
     assert not info["invalid_action"] and reward == pytest.approx(-0.1)
+
+
+def test_observations_are_formatted_as_user_messages():
+    env = build(env="hanoi", seed=0, disks=2)
+    reset(env)
+    observation, _, _ = env.step("xyz")
+    assert env.format_observation(observation) == {"role": "user", "content": observation}
+    env.close()
 
 
 # ----------------------------------------------------------------------------- determinism, dispatch
 def test_tasks_are_deterministic_and_seeds_differ():
     for md in (dict(env="gridnav", seed=5, size=9, walls=0.2), dict(env="hanoi", seed=5, disks=4)):
         a, b = build(**md), build(**md)
-        assert a.reset() == b.reset() and a.expert_actions() == b.expert_actions()
-    firsts = {build(env="gridnav", seed=s, size=9).reset() for s in range(10)}
+        assert reset(a) == reset(b) and a.expert_actions() == b.expert_actions()
+    firsts = {reset(build(env="gridnav", seed=s, size=9)) for s in range(10)}
     assert len(firsts) == 10
 
 
 def test_dispatcher_reads_metadata_dicts_and_json_labels():
     row = {"metadata": {"env": "hanoi", "seed": 2, "disks": 2}}
-    from_label = make_env(None, Sample(label=json.dumps(row["metadata"])))
-    assert make_env(None, row).reset() == from_label.reset()
-    with pytest.raises(ValueError, match="known"):
-        make_env(None, Sample(metadata={"env": "chess"}))
-    with pytest.raises(ValueError, match="'env'"):
-        make_env(None, Sample(metadata={"seed": 1}))
+    from_label = build_env(sample=Sample(label=json.dumps(row["metadata"])), args=None)  # upstream's keyword call
+    assert reset(build_env(row)) == reset(from_label)
+    with pytest.raises(ValueError, match=r"known environments: \['alfworld', 'gridnav', 'hanoi'"):
+        build_env(Sample(metadata={"env": "chess"}))
+    with pytest.raises(ValueError, match="no 'env'"):
+        build_env(Sample(metadata={"seed": 1}))
     with pytest.raises(ValueError, match="'seed'"):
-        make_env(None, Sample(metadata={"env": "gridnav"}))
+        build_env(Sample(metadata={"env": "gridnav"}))
+
+
+def test_every_env_module_has_the_upstream_hook():
+    # The games' own packages are imported only when an episode starts, so these imports stay cheap.
+    for name in ENV_MODULES:
+        module = env_module(name)
+        assert callable(module.build_env) and callable(module.task_metadata) and not hasattr(module, "make_env")
+    with pytest.raises(ValueError, match="unknown environment 'chess'"):
+        env_module("chess")
+
+
+def test_no_expert_hides_the_expert_path_and_plays_the_same_episode():
+    md = dict(env="hanoi", seed=4, disks=3)
+    hidden, full = no_expert.build_env(Sample(metadata=md), None), build(**md)
+    assert not hasattr(hidden, "expert_actions")
+    assert reset(hidden) == reset(full)
+    steps = play(hidden, full.expert_actions())
+    assert steps[-1][3]["success"] and hidden.format_observation("x") == {"role": "user", "content": "x"}
+    hidden.close()
 
 
 def test_make_data_writes_reproducible_rows_within_the_horizon(tmp_path):
@@ -219,10 +283,20 @@ def test_make_data_writes_reproducible_rows_within_the_horizon(tmp_path):
     rows = [json.loads(line) for line in outs[0].splitlines()]
     assert len(rows) == 20 and len({r["input"] for r in rows}) == 20
     for row in rows:
-        assert 6 <= len(row["expert_actions"]) <= 9
-        env = make_env(None, Sample(metadata=row["metadata"]))  # metadata alone rebuilds the task
-        assert env.reset() == row["input"] and env.expert_actions() == row["expert_actions"]
-        assert {**json.loads(row["label"]), "expert_actions": row["expert_actions"]} == row["metadata"]
+        actions = row["metadata"]["expert_actions"]
+        assert 6 <= len(actions) <= 9
+        env = build_env(Sample(metadata=row["metadata"]))  # metadata alone rebuilds the task
+        assert reset(env) == row["input"] and env.expert_actions() == actions
+        assert {**json.loads(row["label"]), "expert_actions": actions} == row["metadata"]
+
+
+def test_make_data_passes_this_repositorys_options(tmp_path):
+    out = tmp_path / "h.jsonl"
+    make_data.main(["--env", "hanoi", "--n", "3", "--out", str(out), "--disks", "4", "--start", "tower"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["metadata"]["disks"], r["metadata"]["start"]) for r in rows] == [(4, "tower")] * 3
+    assert all(len(r["metadata"]["expert_actions"]) == 15 for r in rows)
+    assert [r["metadata"]["seed"] for r in make_data.task_rows("hanoi", 2, 7, {"disks": 2})] == [7, 8]
 
 
 def test_make_data_fails_clearly_when_the_horizon_is_impossible(tmp_path):

@@ -84,6 +84,17 @@ def test_sample_flags_show_their_default(help_entries, flag, default):
     assert f"(default: {default})" in help_entries[flag], help_entries[flag]
 
 
+@pytest.mark.parametrize("flag, says", [
+    ("--tcod-mode", "Default is f2b."),
+    ("--tcod-k-start", "Default is 1."),
+    ("--tcod-k-max", "Default is max_turns."),
+    ("--tcod-eta", "Required when --use-tcod is enabled."),
+])
+def test_tcod_flags_state_their_defaults_as_upstream_does(help_entries, flag, says):
+    # The help text is the one port.py splices into upstream's arguments.py, which states defaults in words.
+    assert says in help_entries[flag], help_entries[flag]
+
+
 def test_response_budget_is_the_whole_trajectory_in_multi_turn(help_entries):
     # examples/multi_turn_tcod/rollout.py: Episode.room() is --rollout-max-response-len minus the response so far,
     # and observations are appended to the response (masked), so they spend the same budget as student turns.

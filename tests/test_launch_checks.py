@@ -16,7 +16,7 @@ from slime.utils.http_utils import HTTPRequestError
 from slime.utils.launch_checks import MULTI_TURN_GENERATE, SERVER_TEACHER_HOOKS, check_launch
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = "examples.agent_envs.make_env"
+ENV = "examples.agent_envs"
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +76,28 @@ def test_defaults_are_taken_and_shown(tasks):
 
 def test_b2f_expert_prefix_needs_expert_actions(tasks):
     b2f = ["--num-rollout", "2", "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(ROOT),
-           "--max-turns", "3", "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs", "--use-tcod",
-           "--rollout-function-path", "slime.rollout.tcod.generate_rollout", "--tcod-mode", "b2f", "--tcod-eta", "2"]
+           "--max-turns", "3", "--rollout-interaction-env-path", "examples.multi_turn_tcod.envs.gridnav",
+           "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "2"]
     _check(*b2f, "--prompt-data", tasks["expert"])  # metadata carries them: accepted
     # gridnav computes its own shortest path, so the environment gives them: accepted too.
     _check(*b2f, "--prompt-data", tasks["plain"])
     message = _refused(*b2f, "--prompt-data", tasks["plain"], "--rollout-interaction-env-path",
-                       "examples.agent_envs.no_expert.make_env")
+                       "examples.agent_envs.no_expert")
     assert "--tcod-prefix-source teacher" in message
+
+
+def test_the_environment_must_be_a_build_env_module(tasks, tmp_path):
+    common = ("--num-rollout", "2", "--prompt-data", tasks["plain"], "--max-turns", "3")
+    # A factory's dotted path (the contract the agent loop no longer takes) is named, with the module to use.
+    message = _refused(*common, "--rollout-interaction-env-path", "examples.agent_envs.build_env")
+    assert message.startswith("--rollout-interaction-env-path examples.agent_envs.build_env: not a module")
+    assert "build_env(sample, args)" in message and message.endswith("e.g. examples.agent_envs")
+    # A module without build_env.
+    assert "no callable build_env" in _refused(*common, "--rollout-interaction-env-path", "examples.agent_envs.common")
+    # A .py file with build_env is a module too.
+    env_file = tmp_path / "my_env.py"
+    env_file.write_text("from examples.agent_envs import build_env\n")
+    _check(*common, "--rollout-interaction-env-path", str(env_file))
 
 
 def test_budget_warnings_give_the_numbers(tasks):

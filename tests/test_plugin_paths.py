@@ -15,12 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_good_paths_pass():
     check_plugin_paths(Namespace(
-        rollout_function_path="slime.rollout.tcod.generate_rollout",
+        rollout_function_path="slime.rollout.sglang_rollout.generate_rollout",
         custom_generate_function_path="examples.multi_turn_tcod.rollout.generate",
         custom_rollout_log_function_path="examples.multi_turn_tcod.metrics.log_rollout_data",
-        rollout_interaction_env_path="examples.multi_turn_tcod.envs",
+        rollout_interaction_env_path="examples.multi_turn_tcod.envs.gridnav",
     ))
-    check_plugin_paths(Namespace(rollout_interaction_env_path="examples.agent_envs.make_env"))  # a factory
+    # This runtime's environments and its teacher-prefix agent loop.
+    check_plugin_paths(Namespace(rollout_interaction_env_path="examples.agent_envs",
+                                 custom_generate_function_path="slime.rollout.teacher_prefix.generate"))
 
 
 @pytest.mark.parametrize("name,path,flag", [

@@ -2,7 +2,10 @@
 
     python tests/test_qwen3_0.6B_tcod.py [--tcod-mode {f2b,b2f}] [--opd-type {sglang,megatron}]
 
-Without arguments it runs all four: F2B and B2F, each with the teacher on an SGLang server and in Megatron.
+One configuration per run (default: F2B with the teacher on an SGLang server); the CI registers each
+configuration as its own entry with its ``test_args`` and the GPUs it uses (sglang: 3, megatron: 2).
+Qwen3 thinks before it acts: turns get 512 tokens (the official TCOD budget), and ``tcod/turns_cut``
+logs how many thinking turns did not finish.
 
 The teacher is the student's own checkpoint (self-distillation, as in test_qwen2.5_0.5B_opd_sglang.py):
 ``--opd-type megatron`` loads the teacher into the actor's model, so it must share the student's
@@ -23,7 +26,7 @@ ENABLE_EVAL = bool(int(os.environ.get("SLIME_TEST_ENABLE_EVAL", "1")))
 
 MODEL_NAME = "Qwen3-0.6B"
 MODEL_TYPE = "qwen3-0.6B"
-NUM_GPUS = 4
+NUM_GPUS = 3  # the default configuration's: 2 for the colocated actor and engines, 1 for the teacher server
 NUM_TRAIN_GPUS = 2
 
 TEACHER_HOST = "127.0.0.1"
@@ -32,11 +35,12 @@ TEACHER_PORT = 13141
 DATA_DIR = "/root/datasets/tcod_gridnav"
 NUM_ROLLOUT = 3
 MAX_TURNS = 4
+MAX_TURN_RESPONSE_LEN = 512
 TCOD_ETA = 1  # the depth grows every step: 1, 2, 3
 
 parser = ArgumentParser()
-parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default=None, help="Default: both.")
-parser.add_argument("--opd-type", choices=["sglang", "megatron"], default=None, help="Default: both.")
+parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default="f2b")
+parser.add_argument("--opd-type", choices=["sglang", "megatron"], default="sglang")
 
 
 def prepare():
@@ -56,8 +60,8 @@ def prepare():
 def _get_gpu_split():
     """The first NUM_TRAIN_GPUS for the colocated actor and engines, the next one for the teacher server."""
     all_gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(NUM_GPUS))).split(",")
-    assert len(all_gpus) >= NUM_GPUS, f"Expected at least {NUM_GPUS} GPUs, got {len(all_gpus)}"
-    return all_gpus[:NUM_TRAIN_GPUS], all_gpus[NUM_TRAIN_GPUS]
+    assert len(all_gpus) >= NUM_TRAIN_GPUS, f"Expected at least {NUM_TRAIN_GPUS} GPUs, got {len(all_gpus)}"
+    return all_gpus[:NUM_TRAIN_GPUS], (all_gpus[NUM_TRAIN_GPUS] if len(all_gpus) > NUM_TRAIN_GPUS else None)
 
 
 def _launch_teacher_server(teacher_gpu: str):
@@ -83,11 +87,11 @@ def _launch_teacher_server(teacher_gpu: str):
 
 
 def _config_path():
-    # A short horizon instead of the shipped ScienceWorld one; the keys are those of multi_turn_tcod_config.yaml.
+    # A short horizon instead of the example's 12 turns; the keys are those of multi_turn_tcod_config.yaml.
     return U.save_to_temp_file(
         f"max_turns: {MAX_TURNS}\n"
-        "max_turn_response_len: 256\n"
-        "rollout_interaction_env_path: examples.multi_turn_tcod.envs\n"
+        f"max_turn_response_len: {MAX_TURN_RESPONSE_LEN}\n"
+        "rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav\n"
         "env_step_timeout: 60\n",
         "yaml",
     )
@@ -110,7 +114,8 @@ def execute(tcod_mode: str, opd_type: str):
         rollout_args = (
             f"--prompt-data {DATA_DIR}/train.jsonl --input-key input --label-key label --metadata-key metadata "
             f"--rollout-shuffle --num-rollout {NUM_ROLLOUT} --rollout-batch-size 8 --n-samples-per-prompt 2 "
-            "--global-batch-size 16 --rollout-max-response-len 2048 --rollout-temperature 0.8 "
+            f"--global-batch-size 16 --rollout-max-response-len {MAX_TURNS * (MAX_TURN_RESPONSE_LEN + 128)} "
+            "--rollout-temperature 0.8 "
             "--custom-generate-function-path examples.multi_turn_tcod.rollout.generate "
             f"--custom-config-path {_config_path()} "
             "--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data "
@@ -118,15 +123,12 @@ def execute(tcod_mode: str, opd_type: str):
 
         eval_args = (
             f"--eval-interval 2 --eval-prompt-data gridnav {DATA_DIR}/eval.jsonl --n-samples-per-eval-prompt 1 "
-            "--eval-max-response-len 2048 --eval-temperature 0.4 "
+            f"--eval-max-response-len {MAX_TURNS * (MAX_TURN_RESPONSE_LEN + 128)} --eval-temperature 0.4 "
             if ENABLE_EVAL
             else ""
         )
 
-        tcod_args = (
-            "--use-tcod --rollout-function-path slime.rollout.tcod.generate_rollout "
-            f"--tcod-mode {tcod_mode} --tcod-k-start 1 --tcod-eta {TCOD_ETA} --tcod-k-max {MAX_TURNS} "
-        )
+        tcod_args = f"--use-tcod --tcod-mode {tcod_mode} --tcod-eta {TCOD_ETA} "
 
         perf_args = (
             "--tensor-model-parallel-size 1 --sequence-parallel --pipeline-model-parallel-size 1 "
@@ -187,6 +189,4 @@ if __name__ == "__main__":
     prepare()
     for proxy_var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         os.environ.pop(proxy_var, None)
-    for tcod_mode in [args.tcod_mode] if args.tcod_mode else ["f2b", "b2f"]:
-        for opd_type in [args.opd_type] if args.opd_type else ["sglang", "megatron"]:
-            execute(tcod_mode, opd_type)
+    execute(args.tcod_mode, args.opd_type)

@@ -8,8 +8,13 @@ import sys
 
 import pytest
 
+from aiohttp import web
+
+from _engine_helpers import ThreadedApp
 from slime.backends.sglang_utils import (EngineLaunchError, EngineProcess, build_engine_command, find_free_port,
                                          launch_engine, update_weights_from_disk)
+from slime.backends.sglang_utils import engine_info
+from slime.backends.sglang_utils.router import RoundRobinRouter, point_router_at_engines, uses_external_router
 from slime.utils import http_utils
 from slime.utils.arguments import parse_args
 from slime.utils.tiny_models import save_tiny_checkpoint
@@ -51,14 +56,14 @@ def test_trust_remote_code_is_opt_in():
 def test_trust_remote_code_reaches_the_agent_loop_tokenizer(monkeypatch, extra, trusted):
     import transformers
 
-    from examples.multi_turn_tcod import rollout as multi_turn
+    from slime.rollout.sglang_rollout import GenerateState
 
     seen = []
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda path, **kw: seen.append(kw["trust_remote_code"]) or object())
-    monkeypatch.setattr(multi_turn, "_TOKENIZERS", {})
-    multi_turn.get_tokenizer(_args(*extra))
-    assert seen == [trusted]
+    monkeypatch.setattr(GenerateState, "_instances", {})
+    state = GenerateState(_args(*extra))  # the agent loop's tokenizer (one per --hf-checkpoint)
+    assert seen == [trusted] and GenerateState(_args(*extra)) is state and state.aborted is False
 
 
 @pytest.mark.parametrize("backend", ["hf_engine", "sglang"])
@@ -114,3 +119,168 @@ def test_server_that_never_gets_healthy_is_stopped(tmp_path):
         engine.wait_healthy(timeout=1.0, poll=0.1)
     assert "still loading" in str(err.value)
     assert engine.process.poll() is not None  # terminated, not left behind
+
+
+# ---------------------------------------------------------------------------- the round-robin router
+class StubEngine:
+    """Answers /generate with its own name (400 for an empty input, as SGLang), records weight updates."""
+
+    def __init__(self, name):
+        self.name, self.generated, self.loaded, self.flushed = name, [], [], 0
+
+        async def generate(request):
+            payload = await request.json()
+            if not payload.get("input_ids"):
+                return web.json_response({"error": {"message": f"{name}: empty input"}}, status=400)
+            self.generated.append(payload)
+            return web.json_response({"text": name, "meta_info": {"finish_reason": {"type": "stop"}}})
+
+        async def update(request):
+            self.loaded.append((await request.json())["model_path"])
+            return web.json_response({"success": True, "message": f"{name} loaded"})
+
+        async def flush(request):
+            self.flushed += 1
+            return web.Response(text="Cache flushed.")
+
+        async def server_info(request):
+            return web.json_response({"context_length": 256, "max_req_input_len": 250,
+                                      "enable_deterministic_inference": True, "engine": name})
+
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        app.router.add_post("/update_weights_from_disk", update)
+        app.router.add_post("/flush_cache", flush)
+        app.router.add_get("/server_info", server_info)
+        self.server = ThreadedApp(app)
+        self.url = self.server.url
+
+
+@pytest.fixture
+def two_engines():
+    engines = [StubEngine("a"), StubEngine("b")]
+    yield engines
+    for engine in engines:
+        engine.server.stop()
+
+
+def _async(coro_fn):
+    async def run():
+        try:
+            return await coro_fn()
+        finally:
+            await http_utils.close_session()
+
+    return asyncio.run(run())
+
+
+def test_router_sends_requests_to_the_engines_in_turn(two_engines):
+    a, b = two_engines
+    router = RoundRobinRouter([a.url, b.url]).start()
+    try:
+        assert router.url.startswith("http://127.0.0.1:") and router.port > 0
+
+        async def six():
+            return [await http_utils.post(f"{router.url}/generate", {"input_ids": [1, i]}, max_retries=1)
+                    for i in range(6)]
+
+        assert [r["text"] for r in _async(six)] == ["a", "b"] * 3
+        assert [p["input_ids"][1] for p in a.generated] == [0, 2, 4] and len(b.generated) == 3
+        # The engine's 400 comes back as it was: the client does not retry a request the engine refused.
+        with pytest.raises(http_utils.HTTPRequestError, match="HTTP 400: .: empty input") as err:
+            _async(lambda: http_utils.post(f"{router.url}/generate", {"input_ids": []}, max_retries=3))
+        assert err.value.status == 400
+        # GET routes are forwarded too; the workers are listed as sglang-router lists them.
+        info = _async(lambda: engine_info.get_server_info(router.url))
+        assert info["context_length"] == 256
+        assert _async(lambda: engine_info.router_workers(router.url)) == [a.url, b.url]
+    finally:
+        router.stop()
+
+
+def test_router_broadcasts_weight_updates_and_cache_flushes(two_engines):
+    a, b = two_engines
+    router = RoundRobinRouter([a.url, b.url]).start()
+    try:
+        reply = _async(lambda: update_weights_from_disk(router.url, "/ckpt/1", max_retries=1))
+        assert reply["success"] is True and a.loaded == b.loaded == ["/ckpt/1"]
+        _async(lambda: http_utils.post(f"{router.url}/flush_cache", None, max_retries=1))
+        assert a.flushed == b.flushed == 1
+    finally:
+        router.stop()
+
+
+def test_an_unreachable_engine_answers_502_and_the_retry_goes_to_the_next(two_engines):
+    a, _ = two_engines
+    dead = f"http://127.0.0.1:{find_free_port()}"
+    router = RoundRobinRouter([dead, a.url]).start()
+    try:
+        reply = _async(lambda: http_utils.post(f"{router.url}/generate", {"input_ids": [1]}, max_retries=2,
+                                               backoff=0))
+        assert reply["text"] == "a"
+        with pytest.raises(http_utils.HTTPRequestError, match=f"engine {dead} could not be reached") as err:
+            _async(lambda: http_utils.post(f"{router.url}/generate", {"input_ids": [1]}, max_retries=1))
+        assert err.value.status == 502
+    finally:
+        router.stop()
+
+
+class _Started:
+    """An engine as RolloutManager holds one: a URL, a health wait and a stop."""
+
+    def __init__(self, url):
+        self.url, self.stopped = url, False
+
+    def wait_healthy(self, timeout):
+        return self
+
+    def stop(self):
+        self.stopped = True
+
+
+def _manager(args, engines):
+    from slime.ray.rollout import RolloutManager
+
+    manager = RolloutManager.__new__(RolloutManager)
+    manager.args, manager.engines, manager._engine_group, manager.needs_engines = args, engines, None, True
+    return manager
+
+
+def test_engines_started_here_get_the_router_flags(two_engines):
+    a, b = two_engines
+    args = _args()
+    assert args.sglang_router_ip is None and not uses_external_router(args)
+    started = [_Started(a.url), _Started(b.url)]
+    manager = _manager(args, list(started))
+    manager._route_to_engines()
+    try:
+        # Two engines: a router in this process; the generate functions' URL is upstream's router URL.
+        assert (args.sglang_router_ip, args.sglang_router_port) == ("127.0.0.1", manager._router.port)
+        assert args.sglang_router_external is False and not uses_external_router(args)
+        manager.wait_engines()
+        assert args.engine_limits["rollout"]["context_len"] == 256
+        assert args.rollout_max_context_len == args.eval_max_context_len == 250  # a prompt of at most 249
+        # Weights go to each engine directly (the router is ours: its engines are known, not asked for).
+        assert manager.engine_urls() == [a.url, b.url]
+        manager.update_weights("/ckpt/2")
+        assert a.loaded == b.loaded == ["/ckpt/2"]
+
+        async def two():
+            from slime.rollout.sglang_rollout import engine_url
+
+            return [await http_utils.post(engine_url(args), {"input_ids": [7]}, max_retries=1) for _ in range(2)]
+
+        assert sorted(r["text"] for r in _async(two)) == ["a", "b"]
+    finally:
+        manager.shutdown()
+    assert manager._router is None and all(e.stopped for e in started)
+
+
+def test_one_engine_is_the_router_address_itself(two_engines):
+    a, _ = two_engines
+    args = _args()
+    assert point_router_at_engines(args, [a.url]) is None
+    assert f"http://{args.sglang_router_ip}:{args.sglang_router_port}" == a.url
+    assert args.rollout_engine_urls == [a.url] and not uses_external_router(args)
+    # A user's --sglang-router-ip stays external: RolloutManager starts nothing and asks it for workers.
+    assert uses_external_router(_args("--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "3000"))

@@ -85,9 +85,10 @@ def test_launch_script_arguments_are_extracted_with_stubs(tmp_path):
         assert (_value(argv, "--rollout-batch-size"), _value(argv, "--eval-temperature")) == ("16", "0.4")
         config = yaml.safe_load(Path(launch.cwd, _value(argv, "--custom-config-path")).read_text())
         eta = "6" if run["TCOD_MODE"] == "f2b" else "5"
-        assert (config["max_turns"], _value(argv, "--tcod-eta"), _value(argv, "--num-rollout")) == (12, eta, "60")
-        assert _value(argv, "--tcod-k-max") == "12"
-        assert config["rollout_interaction_env_path"] == "examples.multi_turn_tcod.envs"
+        assert (config["max_turns"], _value(argv, "--tcod-eta"), _value(argv, "--num-rollout")) == (12, eta, "96")
+        # k_max is the YAML's max_turns (--tcod-k-max's default); upstream's default rollout function.
+        assert "--tcod-k-max" not in argv and "--rollout-function-path" not in argv
+        assert config["rollout_interaction_env_path"] == "examples.multi_turn_tcod.envs.gridnav"
         assert launch.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and str(tree) in launch.env["PYTHONPATH"]
         assert _value(launch.teacher_argv, "--tp-size") == "2"
 

@@ -1,4 +1,3 @@
-import json
 import os
 import subprocess
 import sys
@@ -45,9 +44,14 @@ def test_rollout_metrics_counts_outcomes():
     cut = _trajectory([2, 2])
     cut.metadata.update(outcome="cut", task_reward=0.0, episode_plan={"mode": "f2b", "depth": 3})
     failed = Sample(status=Status.FAILED, metadata={"num_turns": 0, "outcome": "env_error"})
-    m = rollout_metrics(args, [[good, cut, failed]], [good, cut], {"per_sample_opd_kl": [[1, 1], [1, 1, 0, 0, 2, 2]]})
-    assert m["multi_turn/success_rate"] == 0.5
-    assert m["multi_turn/cut"] == 1 and m["multi_turn/env_failed"] == 1
+    # An aborted episode counts apart and, like a failed one, not towards success, turns or reward.
+    aborted = _trajectory([2, 2, 2])
+    aborted.status = Status.ABORTED
+    aborted.metadata.update(outcome="aborted", task_reward=5.0, success=True)
+    m = rollout_metrics(args, [[good, cut, failed, aborted]], [good, cut],
+                        {"per_sample_opd_kl": [[1, 1], [1, 1, 0, 0, 2, 2]]})
+    assert m["multi_turn/success_rate"] == 0.5 and m["multi_turn/turns"] == 1.5 and m["rollout/reward"] == 0.5
+    assert m["multi_turn/cut"] == 1 and m["multi_turn/env_failed"] == 1 and m["multi_turn/aborted"] == 1
     assert m["tcod/depth"] == 3
     assert m["rollout/trained_tokens"] == 6
     assert m["opd/per_turn_kl"] == [2.0, 4.0]
@@ -86,11 +90,11 @@ def test_train_dry_run_prints_plan_and_starts_nothing(tasks):
                 "--use-opd", "--opd-type", "sglang",
                 "--rm-url", "http://127.0.0.1:1/generate", "--max-turns", "30", "--use-tcod", "--tcod-mode", "f2b",
                 "--rollout-interaction-env-path", "examples.agent_envs",
-                "--rollout-function-path", "slime.rollout.tcod.generate_rollout",
-                "--tcod-eta", "6", "--num-rollout", "250"])
+                "--tcod-eta", "6", "--num-rollout", "250", "--rollout-num-gpus", "2"])
     assert out.returncode == 0, out.stderr
     assert "TCOD      : f2b, k(n) = min(1 + n // 6, 30)" in out.stdout
     assert "n=0:k=1 n=6:k=2 n=12:k=3" in out.stdout
+    assert "engines   : 2 x hf_engine" in out.stdout and "behind a round-robin router on 127.0.0.1" in out.stdout
 
 
 def test_train_rejects_bad_flags_with_the_flag_named():

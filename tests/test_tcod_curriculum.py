@@ -1,22 +1,19 @@
-"""TCOD's curriculum schedule, its episode plans and the --tcod-* flag validation (CPU)."""
+"""TCOD's curriculum schedule and the episode plans the agent loop follows (CPU)."""
 
-import argparse
+from types import SimpleNamespace
 
 import pytest
 
-from slime.rollout.tcod import PlannedDataSource, b2f_prefix_length, curriculum_depth, episode_plan
-from slime.utils.arguments import add_tcod_arguments, validate_tcod_args
-from slime.utils.types import Sample
+from slime.rollout.tcod import b2f_prefix_length, curriculum_depth, episode_plan
 
-TCOD_FN = "slime.rollout.tcod.generate_rollout"
+NUM_GPUS = 0
 
 
-def make_args(argv, **extra):
-    args = add_tcod_arguments(argparse.ArgumentParser()).parse_args(argv)
-    defaults = dict(use_opd=True, opd_type="sglang", rm_url="http://t/generate", max_turns=10)
-    for key, value in {**defaults, "rollout_function_path": TCOD_FN, **extra}.items():
-        setattr(args, key, value)
-    return args
+def tcod_args(**overrides):
+    """args after slime_validate_args: --use-tcod with its defaults filled, max_turns from the YAML."""
+    values = dict(use_tcod=True, tcod_mode="f2b", tcod_k_start=1, tcod_eta=3, tcod_k_max=4, max_turns=10)
+    values.update(overrides)
+    return SimpleNamespace(**values)
 
 
 def test_depth_grows_every_eta_steps_up_to_k_max():
@@ -35,64 +32,27 @@ def test_schedule_rejects_bad_parameters(step, k_start, eta, k_max):
         curriculum_depth(step, k_start, eta, k_max)
 
 
-def test_episode_plans():
-    f2b = make_args(["--use-tcod", "--tcod-eta", "3", "--tcod-k-max", "4"])
-    validate_tcod_args(f2b)
-    assert [episode_plan(f2b, n)["max_student_turns"] for n in (0, 3, 9, 100)] == [1, 2, 4, 4]
-    assert episode_plan(f2b, 5, evaluation=True) == {"mode": "full", "max_student_turns": 10, "step": 5}
-
-    b2f = make_args(["--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "2"])
-    validate_tcod_args(b2f)
-    plan = episode_plan(b2f, 4)
-    assert plan == {"mode": "b2f", "depth": 3, "max_student_turns": 10, "step": 4, "prefix_source": "expert"}
-
-    vanilla = make_args([])
-    assert episode_plan(vanilla, 7) == {"mode": "full", "max_student_turns": 10, "step": 7}
-    assert episode_plan(make_args([], max_turns=None), 0) is None  # single-turn rollouts get no plan
+def test_f2b_plays_the_first_k_turns():
+    args = tcod_args()
+    assert [episode_plan(args, n)["max_student_turns"] for n in (0, 3, 9, 100)] == [1, 2, 4, 4]
+    assert episode_plan(args, 4) == {"mode": "f2b", "depth": 2, "max_student_turns": 2, "step": 4}
 
 
-def test_data_source_attaches_the_step_plan_to_every_sample():
-    class Source:
-        def get_samples(self, n):
-            return [[Sample(index=i)] for i in range(n)]
-
-        def save(self, rollout_id):
-            return f"saved {rollout_id}"
-
-    args = make_args(["--use-tcod", "--tcod-eta", "2"])
-    validate_tcod_args(args)
-    groups = PlannedDataSource(Source(), args, rollout_id=5).get_samples(3)
-    assert [g[0].metadata["episode_plan"]["depth"] for g in groups] == [3, 3, 3]
-    assert PlannedDataSource(Source(), args, 5).save(5) == "saved 5"  # everything else reaches the real source
+def test_b2f_plays_to_the_end_after_the_prefix():
+    args = tcod_args(tcod_mode="b2f", tcod_eta=2, tcod_k_max=10)
+    assert episode_plan(args, 4) == {"mode": "b2f", "depth": 3, "max_student_turns": 10, "step": 4}
 
 
-def test_validation_fills_defaults():
-    args = make_args(["--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "5"])
-    validate_tcod_args(args)
-    assert (args.tcod_mode, args.tcod_k_start, args.tcod_k_max) == ("b2f", 1, 10)
+def test_evaluation_and_vanilla_opd_play_full_episodes():
+    full = {"mode": "full", "max_student_turns": 10, "step": 5}
+    assert episode_plan(tcod_args(), 5, evaluation=True) == full
+    assert episode_plan(tcod_args(use_tcod=False), 5) == full
 
 
-def test_validation_does_nothing_without_tcod_flags():
-    args = argparse.Namespace()  # upstream's own tests validate hand-built args that never heard of TCOD
-    validate_tcod_args(args)
-    assert vars(args) == {}
+def test_training_needs_the_current_rollout_id():
+    with pytest.raises(RuntimeError, match="rollout id"):
+        episode_plan(tcod_args(), None)
 
 
-@pytest.mark.parametrize(
-    "argv,extra,flag",
-    [
-        (["--tcod-mode", "b2f", "--tcod-eta", "3"], {}, "--use-tcod"),
-        (["--use-tcod", "--tcod-eta", "3"], {"use_opd": False}, "--use-opd"),
-        (["--use-tcod", "--tcod-eta", "3"], {"max_turns": None}, "max_turns"),
-        (["--use-tcod", "--tcod-eta", "3"], {"rollout_function_path": None}, "--rollout-function-path"),
-        (["--use-tcod"], {}, "--tcod-eta"),
-        (["--use-tcod", "--tcod-eta", "0"], {}, "--tcod-eta"),
-        (["--use-tcod", "--tcod-eta", "3", "--tcod-k-start", "0"], {}, "--tcod-k-start"),
-        (["--use-tcod", "--tcod-eta", "3", "--tcod-k-start", "12"], {}, "max_turns (the default --tcod-k-max)"),
-        (["--use-tcod", "--tcod-eta", "3", "--tcod-k-max", "11"], {}, "--tcod-k-max"),
-    ],
-)
-def test_validation_rejects_and_names_the_flag(argv, extra, flag):
-    with pytest.raises(ValueError) as err:
-        validate_tcod_args(make_args(argv, **extra))
-    assert flag in str(err.value)
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__]))

@@ -156,6 +156,19 @@ def test_turn_cut_mid_thought_is_closed_masked_and_counts_as_an_invalid_turn(mon
     assert "the reply ended inside <think>" in tokenizer.decode(engine.requests[1]["input_ids"])
 
 
+def test_the_example_budget_lets_a_thinking_turn_finish(monkeypatch, tokenizer, tasks):
+    import yaml
+
+    config = yaml.safe_load((REPO_ROOT / "examples/multi_turn_tcod/multi_turn_tcod_config.yaml").read_text())
+    row = tasks[0]
+    moves = row["metadata"]["expert_actions"]
+    thought = "<think>\n" + "Compare my position with the goal, check the walls around me. " * 10 + "\n</think>\n\n"
+    args = make_args(use_tcod=False, **config)
+    sample, _ = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: thought + moves[i])
+    assert len(tokenizer.encode(thought)) > 512  # longer than the official 512-token turns
+    assert sample.metadata["turns_without_stop"] == 0 and sample.metadata["success"]
+
+
 def test_non_thinking_mode_goes_through_the_chat_template_kwargs(monkeypatch, tokenizer, tasks):
     args = make_args(use_tcod=False, max_turns=2, apply_chat_template_kwargs={"enable_thinking": False})
     sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "noop")

@@ -1,31 +1,39 @@
 """B2F with ``--tcod-prefix-source teacher``: the teacher's own episode defines the prefix, without expert
 data. The environment (``scripted_env``) ends after a fixed number of steps whatever the actions, so an
-untrained tiny teacher has a known episode length ``L``; the teacher server is the tiny engine itself."""
+untrained tiny teacher has a known episode length ``L``; the teacher server is the tiny engine itself.
+Every episode goes through ``slime.rollout.teacher_prefix.generate``, the example's ``play_episode`` with
+the teacher's prefix source."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 
 import pytest
 import scripted_env
-from _engine_helpers import start_hf_engine
+from _engine_helpers import ThreadedApp, start_hf_engine
+from aiohttp import web
 from test_checkpoint_integrity import StubData, StubTrainer
 
-from slime.rollout import teacher_prefix
-from examples.multi_turn_tcod.chat_layout import encode_observation, encode_prompt
-from examples.multi_turn_tcod.rollout import generate, get_tokenizer
-from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
-from slime.rollout.tcod import episode_plan
-from slime.utils.arguments import get_parser, validate_args
+from examples.multi_turn_tcod.chat_layout import encode_observation
+from slime.backends.sglang_utils.router import point_router_at_engines
+from slime.rollout import sample_hooks, teacher_prefix
+from slime.rollout.sglang_rollout import GenerateState, build_sampling_params, run_async, sampling_seed
+from slime.utils.arguments import ArgumentError, get_parser, validate_args
 from slime.utils.checkpoint import TEACHER_EPISODES, load_checkpoint, save_checkpoint
 from slime.utils.http_utils import close_session
 from slime.utils.kl_controller import FixedKLController
+from slime.utils.launch_checks import check_launch
+from slime.utils.misc import load_function
+from slime.utils.multi_turn_arguments import TEACHER_PREFIX_GENERATE
 from slime.utils.step_metrics import rollout_metrics
 from slime.utils.tiny_models import save_tiny_checkpoint
 from slime.utils.types import Sample
 
 CACHE = teacher_prefix.CACHE
+TCOD = ["--use-opd", "--opd-type", "sglang", "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +52,14 @@ def empty_cache():
     CACHE.clear()
 
 
-def make_args(engine, source="teacher", seed=5, env="scripted_env.make_env"):
+def make_args(engine, source="teacher", seed=5, env="scripted_env", teacher_url=None):
     server, path = engine
     args = get_parser().parse_args([
         "--hf-checkpoint", path, "--max-turns", "6", "--rollout-interaction-env-path", env,
         "--rollout-max-response-len", "300", "--max-turn-response-len", "6", "--rollout-seed", str(seed),
-        "--use-opd", "--opd-type", "sglang", "--rm-url", server.url + "/generate",
-        "--rollout-function-path", "slime.rollout.tcod.generate_rollout",
-        "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "1", "--tcod-prefix-source", source])
+        "--rm-url", (teacher_url or server.url) + "/generate", *TCOD, "--tcod-prefix-source", source])
     validate_args(args)
-    args.rollout_engine_urls = [server.url]
+    point_router_at_engines(args, [server.url])
     return args
 
 
@@ -62,12 +68,12 @@ def task(i, length=5, **meta):
 
 
 def play(args, samples, step):
-    for s in samples:
-        s.metadata["episode_plan"] = episode_plan(args, step)
+    sample_hooks.set_current_rollout_id(step)  # what RolloutManager.generate does
+    fn = load_function(args.custom_generate_function_path or "examples.multi_turn_tcod.rollout.generate")
 
     async def run_all():
         params = build_sampling_params(args)
-        return await asyncio.gather(*(generate(args, s, {**params, "sampling_seed": sampling_seed(args, s, False)})
+        return await asyncio.gather(*(fn(args, s, {**params, "sampling_seed": sampling_seed(args, s, False)})
                                       for s in samples))
 
     return run_async(run_all())
@@ -77,8 +83,37 @@ def prompt_part(s):
     return s.tokens[: len(s.tokens) - s.response_length]
 
 
+def prefix_part(s):
+    """The masked response before the student's first turn: where a B2F prefix goes."""
+    spans = s.metadata["turn_spans"]
+    response = s.tokens[len(s.tokens) - s.response_length:]
+    return response[: spans[0][0]] if spans else response
+
+
 def metrics(args, samples):
     return rollout_metrics(args, [samples], samples, {})
+
+
+def test_teacher_source_selects_its_generate_function(engine, tmp_path):
+    args = make_args(engine)
+    assert args.custom_generate_function_path == TEACHER_PREFIX_GENERATE
+    assert load_function(args.custom_generate_function_path) is teacher_prefix.generate
+    server, path = engine
+    base = ["--hf-checkpoint", path, "--max-turns", "6", "--rollout-interaction-env-path", "scripted_env",
+            "--rm-url", server.url + "/generate", *TCOD, "--tcod-prefix-source", "teacher"]
+    # The example's agent loop named explicitly is replaced the same way; another generate is refused.
+    named = validate_args(get_parser().parse_args(
+        [*base, "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate"]))
+    assert named.custom_generate_function_path == TEACHER_PREFIX_GENERATE
+    with pytest.raises(ArgumentError, match="would ignore it") as err:
+        validate_args(get_parser().parse_args([*base, "--custom-generate-function-path", "my.pkg.generate"]))
+    assert "\n" not in str(err.value)
+    # The plan says so, since no flag on the command line names it.
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"input": "", "metadata": {"length": 3}}) + "\n")
+    notes = check_launch(validate_args(get_parser().parse_args([*base, "--num-rollout", "1", "--prompt-data",
+                                                                str(data)])))
+    assert any(TEACHER_PREFIX_GENERATE in n for n in notes)
 
 
 def test_prefix_shrinks_as_k_grows_without_expert_actions(engine):
@@ -91,7 +126,10 @@ def test_prefix_shrinks_as_k_grows_without_expert_actions(engine):
         assert [s.metadata["prefix_turns"] for s in samples] == [max(0, 5 - depth), max(0, 4 - depth)]
         seen[step] = m["tcod/prefix_len"]
         for s in samples:
-            assert s.response_length > 0 and s.loss_mask[0] == 1  # the prefix is in the prompt, untrained
+            first = s.metadata["turn_spans"][0][0]
+            # The prefix is masked, before the student's first turn; the student's turns are trained.
+            assert not any(s.loss_mask[:first]) and s.loss_mask[first] == 1
+            assert (first > 0) == (s.metadata["prefix_turns"] > 0)
             assert s.metadata["num_turns"] == s.metadata["length"] - s.metadata["prefix_turns"]
         assert m["tcod/prefix_source_teacher_cached"] == sum(s.metadata["prefix_turns"] > 0 for s in samples)
         assert m["tcod/prefix_fallback"] == 0
@@ -103,14 +141,17 @@ def test_replay_executes_the_recorded_teacher_turns(engine):
     scripted_env.STEPPED.clear()
     [s] = play(args, [task(3)], step=1)  # depth 2: 3 replayed turns
     record = next(iter(CACHE.entries.values()))
-    assert record["length"] == 5 and record["success"] and len(record["observations"]) == 6
-    # The prompt part is the layout the teacher's turns make: its own token ids, each followed by the
-    # observation the student's env returned on re-executing the action.
-    tok = get_tokenizer(args)
-    expected = encode_prompt(tok, record["observations"][0])
+    assert record["length"] == 5 and record["success"] and len(record["observations"]) == 5
+    # The prompt is the student's own reset; the prefix the layout the teacher's turns make: its own token
+    # ids (cut turns closed by <|im_end|>), each followed by the observation the student's env returned on
+    # re-executing the action.
+    tok = GenerateState(args).tokenizer
+    assert prompt_part(s) == record["prompt_ids"]
+    expected = []
     for i in range(3):
-        expected += record["action_ids"][i] + encode_observation(tok, record["observations"][i + 1])
-    assert prompt_part(s) == expected
+        expected += record["action_ids"][i] + encode_observation(tok, json.loads(record["observations"][i]))
+    assert prefix_part(s) == expected
+    assert all(ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") for ids in record["action_ids"])
     # Teacher episode: 5 steps in its own env; then the student's env re-executes the first 3 actions.
     replayed = [a for i, a in scripted_env.STEPPED if i == 3][5:8]
     assert replayed == record["actions"][:3]
@@ -159,7 +200,15 @@ def test_resume_restores_the_cache_and_replays_exactly(engine, tmp_path, monkeyp
     assert CACHE.state_dict() == saved
     resumed = play(args, [task(0), task(1, length=3)], step=1)
     assert [s.tokens for s in resumed] == [s.tokens for s in uninterrupted]
-    assert [prompt_part(s) for s in resumed] == [prompt_part(s) for s in uninterrupted]
+    assert [s.loss_mask for s in resumed] == [s.loss_mask for s in uninterrupted]
+
+
+def test_a_cache_of_the_old_layout_is_played_again(caplog):
+    with caplog.at_level(logging.WARNING, logger="slime.rollout.teacher_prefix"):
+        CACHE.load_state_dict({"version": 1, "entries": {"seed5:x": {"actions": ["a"]}}})
+    assert CACHE.entries == {} and any("older version" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="unknown version 99"):
+        CACHE.load_state_dict({"version": 99, "entries": {}})
 
 
 def test_failed_teacher_episode_falls_back_to_vanilla(engine):
@@ -177,11 +226,12 @@ def test_failed_teacher_episode_falls_back_to_vanilla(engine):
     assert again.metadata["teacher_episode_played"] is False and again.metadata["prefix_fallback"]
 
 
-def test_expert_source_without_expert_actions_is_counted_as_fallback(engine):
+def test_expert_source_without_expert_actions_plays_in_full(engine):
     args = make_args(engine, source="expert")
+    assert args.custom_generate_function_path is None  # the example's agent loop, as launch_checks defaults
     samples = play(args, [task(0), task(1)], step=0)
-    assert all(s.metadata["prefix_turns"] == 0 and s.metadata["prefix_fallback"] for s in samples)
-    assert metrics(args, samples)["tcod/prefix_fallback"] == 2 and not CACHE.entries
+    assert all(s.metadata["prefix_turns"] == 0 and s.metadata["num_turns"] == 5 for s in samples)
+    assert not CACHE.entries
 
 
 @pytest.mark.parametrize("noisy_from", [0, 2])
@@ -191,6 +241,7 @@ def test_environment_that_does_not_replay_gets_a_live_prefix(engine, noisy_from)
     record = next(iter(CACHE.entries.values()))
     assert record["replayable"] is False
     assert s.metadata["prefix_source"] == "teacher_live" and s.metadata["prefix_turns"] == 4
+    assert not any(s.loss_mask[: s.metadata["turn_spans"][0][0]])  # a live prefix is masked all the same
     m = metrics(args, [s])
     assert m["tcod/prefix_source_teacher_live"] == 1 and m["tcod/prefix_source_teacher_cached"] == 0
     # Later steps go live from the start, without a new teacher episode.
@@ -199,12 +250,29 @@ def test_environment_that_does_not_replay_gets_a_live_prefix(engine, noisy_from)
     assert t.metadata["teacher_episode_played"] is False
 
 
+def test_an_aborted_teacher_turn_aborts_the_episode_and_caches_nothing(engine):
+    async def aborted(request):
+        return web.json_response({"text": "", "meta_info": {"finish_reason": {"type": "abort"},
+                                                            "output_token_logprobs": []}})
+
+    app = web.Application()
+    app.router.add_post("/generate", aborted)
+    teacher = ThreadedApp(app)
+    try:
+        args = make_args(engine, teacher_url=teacher.url)
+        [s] = play(args, [task(0)], step=0)
+    finally:
+        run_async(close_session())
+        teacher.stop()
+    assert s.status == Sample.Status.ABORTED and s.metadata["outcome"] == "aborted" and s.remove_sample
+    assert not CACHE.entries  # an abort is the run's, not the task's: the teacher plays it again later
+
+
 def test_in_trainer_teacher_is_refused_clearly(engine):
     server, path = engine
     args = get_parser().parse_args([
-        "--hf-checkpoint", path, "--max-turns", "6", "--rollout-interaction-env-path", "scripted_env.make_env",
+        "--hf-checkpoint", path, "--max-turns", "6", "--rollout-interaction-env-path", "scripted_env",
         "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", path,
-        "--rollout-function-path", "slime.rollout.tcod.generate_rollout",
         "--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "1", "--tcod-prefix-source", "teacher"])
     with pytest.raises(ValueError, match="in-trainer teacher"):
         validate_args(args)

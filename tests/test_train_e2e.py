@@ -42,11 +42,11 @@ def run(setup, name, *extra, steps=2, tcod=True):
     argv = ["--hf-checkpoint", setup["student"], "--prompt-data", str(setup["data"]),
             "--rollout-batch-size", "3", "--n-samples-per-prompt", "1", "--num-rollout", str(steps),
             "--rollout-max-response-len", "200", "--max-turn-response-len", "6", "--max-turns", "4",
-            "--rollout-interaction-env-path", "examples.agent_envs.make_env",
+            "--rollout-interaction-env-path", "examples.agent_envs",
             "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
             "--use-opd", "--lr", "1e-3", "--save", str(out), "--rollout-seed", "11", *extra]
     if tcod:
-        argv += ["--use-tcod", "--rollout-function-path", "slime.rollout.tcod.generate_rollout"]
+        argv += ["--use-tcod"]  # upstream's default rollout: the agent loop reads the step from sample_hooks
     assert train.main(argv) == 0
     return read_metrics(out / "metrics.jsonl")
 
@@ -67,7 +67,9 @@ def test_vanilla_multi_turn_opd_logs_per_turn_kl(setup, mode):
 
 
 def test_f2b_server_teacher(setup):
-    records = run(setup, "f2b_server", *server_mode(setup), "--tcod-mode", "f2b", "--tcod-eta", "1")
+    # Two rollout engines: the agent loop reaches them through the run's round-robin router.
+    records = run(setup, "f2b_server", *server_mode(setup), "--tcod-mode", "f2b", "--tcod-eta", "1",
+                  "--rollout-num-gpus", "2")
     assert [r["tcod/depth"] for r in records] == [1, 2]
     assert all(r["multi_turn/turns"] <= r["tcod/depth"] for r in records)
     assert all(r["opd/reverse_kl"] != 0 for r in records)  # a different teacher disagrees
@@ -87,6 +89,15 @@ def test_b2f_in_trainer_teacher_equal_to_student_has_zero_kl(setup):
                   "--tcod-mode", "b2f", "--tcod-eta", "1", steps=1)
     assert abs(records[0]["opd/reverse_kl"]) < 1e-5
     assert records[0]["tcod/depth"] == 1
+
+
+def test_b2f_teacher_prefix_source(setup):
+    # No expert actions anywhere: the teacher server plays each task once and its episode is the prefix.
+    records = run(setup, "b2f_teacher", *server_mode(setup), "--tcod-mode", "b2f", "--tcod-eta", "1",
+                  "--tcod-prefix-source", "teacher", "--rollout-interaction-env-path", "examples.agent_envs.no_expert",
+                  steps=1)
+    assert records[0]["tcod/depth"] == 1 and records[0]["tcod/teacher_episodes"] == 3
+    assert records[0]["rollout/trained_tokens"] > 0
 
 
 KEYS = ("loss", "opd/reverse_kl", "rollout/trained_tokens", "tcod/depth", "tcod/prefix_len", "grad_norm")

@@ -1,16 +1,20 @@
-"""This repository's further environment adapters (not part of the slime PR): TextWorld, ALFWorld, WebShop.
+"""This repository's environments (not part of the slime PR): gridnav, hanoi, ScienceWorld, TextWorld, ALFWorld,
+WebShop, all in upstream slime's ``build_env(sample, args)`` contract.
 
-``--rollout-interaction-env-path examples.agent_envs`` (or ``examples.agent_envs.make_env``) serves these and
-the example's own (gridnav, hanoi, scienceworld) through the same contract as ``examples.multi_turn_tcod.envs``.
-``python -m examples.agent_envs.make_data`` writes their task files. See README.md here.
+``--rollout-interaction-env-path examples.agent_envs`` picks each sample's environment by
+``sample.metadata["env"]``; each environment's module can be named directly too (e.g.
+``examples.agent_envs.hanoi``). ``python -m examples.agent_envs.make_data`` writes their task files. See
+README.md here.
 """
 
-from examples.multi_turn_tcod import envs as _example_envs
+import importlib
+
+from examples.multi_turn_tcod.envs.common import sample_metadata
 
 ENV_MODULES = {
-    **_example_envs.ENV_MODULES,
-    "scienceworld": "examples.agent_envs.scienceworld_env",
+    "gridnav": "examples.multi_turn_tcod.envs.gridnav",
     "hanoi": "examples.agent_envs.hanoi",
+    "scienceworld": "examples.agent_envs.scienceworld_env",
     "textworld": "examples.agent_envs.textworld_env",
     "alfworld": "examples.agent_envs.alfworld_env",
     "webshop": "examples.agent_envs.webshop_env",
@@ -18,12 +22,20 @@ ENV_MODULES = {
 
 
 def env_module(name: str):
-    return _example_envs.env_module(name, ENV_MODULES)
-
-
-def make_env(args, sample):
-    return _example_envs.make_env(args, sample, ENV_MODULES)
+    """The module of environment ``name`` (imported on first use: the game engines are optional installs)."""
+    if name not in ENV_MODULES:
+        raise ValueError(
+            f"unknown environment {name!r} in the task metadata; known environments: {sorted(ENV_MODULES)}"
+        )
+    return importlib.import_module(ENV_MODULES[name])
 
 
 def build_env(sample=None, args=None):
-    return _example_envs.SlimeInteractionEnv(make_env(args, sample))
+    """Upstream's environment hook: the environment that ``sample.metadata["env"]`` names, built by its module."""
+    metadata = sample_metadata(sample)
+    name = metadata.get("env")
+    if not name:
+        raise ValueError(
+            f"the task metadata has no 'env' naming its environment (one of {sorted(ENV_MODULES)}); got {metadata}"
+        )
+    return env_module(name).build_env(sample=sample, args=args)

@@ -6,9 +6,12 @@ trajectories), "max_steps": optional (default 15, TCOD's WebShop horizon)}``.
 
 WebShop is not on PyPI: the data folder (``metadata["data_dir"]`` or ``$WEBSHOP_DATA``) is a checkout of
 the WebShop repository after its setup script fetched the product data and built the search index.
-Without it the factory fails at once with what to do. Actions are WebShop's ``search[...]`` and
-``click[...]``; reward is WebShop's purchase score in [0, 1] at the end; success: score 1. An action
-that is not available on the current page is flagged ``invalid_action``. Loading the product catalogue
+Without it ``build_env`` fails at once with what to do. Actions are WebShop's ``search[...]`` and
+``click[...]``, read from what follows ``</think>`` in the reply (a reply that ends inside its think
+block never reaches WebShop: an invalid step, answered with an observation saying so); reward
+(``info["reward"]``) is WebShop's purchase score in [0, 1] at the end; success: score 1. An action
+that is not available on the current page is flagged ``invalid_action``; every step counts towards
+``max_steps``. Loading the product catalogue
 is slow, so catalogues are pooled per process. Untested here without the data; the error path is tested.
 """
 
@@ -18,14 +21,14 @@ import re
 import sys
 from pathlib import Path
 
-from examples.agent_envs.common import require_data_dir
-from examples.agent_envs.common import ResourcePool
-from examples.multi_turn_tcod.envs.common import int_param, sample_metadata
+from examples.agent_envs.common import ResourcePool, no_action_observation, require_data_dir, user_message
+from examples.multi_turn_tcod.envs.common import int_param, reply_action, sample_metadata
 
 HOW_TO_GET = ("Set up WebShop locally: `git clone https://github.com/princeton-nlp/WebShop`, then run its "
               "`./setup.sh -d small` (or `-d all`), which downloads the product data and builds the search "
               "index; the data folder is that checkout.")
 _ACTION = re.compile(r"^(search|click)\[(.+)\]$", re.IGNORECASE)
+HOW_TO_ACT = "search[QUERY] or click[BUTTON]"
 
 
 class WebShopError(RuntimeError):
@@ -73,7 +76,7 @@ class WebShopTextEnv:
             self.pool.discard(env)
         raise WebShopError(f"WebShop session {self.session}: {what} failed with {type(err).__name__}: {err}") from err
 
-    def reset(self) -> str:
+    def reset(self):
         try:
             if self._env is None:
                 self._env = self.pool.acquire()
@@ -81,7 +84,7 @@ class WebShopTextEnv:
         except Exception as err:
             self._fail("reset", err)
         self.steps = 0
-        return str(observation)
+        return str(observation), {}
 
     def _available(self, action: str) -> bool:
         match = _ACTION.match(action)
@@ -92,20 +95,32 @@ class WebShopTextEnv:
             return bool(options.get("has_search_bar"))
         return match.group(2).lower() in {c.lower() for c in options.get("clickables", [])}
 
-    def step(self, action: str):
+    def step(self, response_text: str):
         if self._env is None:
             raise RuntimeError("WebShop: step() called before reset() (or after close() / a failure)")
-        action = (action or "").strip()
+        action = reply_action(response_text)
+        if action is None:
+            self.steps += 1
+            info = {"reward": 0.0, "success": False, "invalid_action": True}
+            done = self.steps >= self.max_steps
+            if done:
+                info["out_of_steps"] = True
+            return no_action_observation(HOW_TO_ACT), done, info
+        action = action.strip()
         try:
             valid = self._available(action)
             observation, reward, done, _ = self._env.step(action)
         except Exception as err:
             self._fail(f"step({action[:80]!r})", err)
         self.steps += 1
-        info = {"success": bool(done) and float(reward) >= 1.0, "invalid_action": not valid}
+        reward = float(reward or 0.0)
+        info = {"reward": reward, "success": bool(done) and reward >= 1.0, "invalid_action": not valid}
         if not done and self.steps >= self.max_steps:
             done, info["out_of_steps"] = True, True
-        return str(observation), float(reward or 0.0), bool(done), info
+        return str(observation), bool(done), info
+
+    def format_observation(self, observation: str) -> dict:
+        return user_message(observation)
 
     def expert_actions(self) -> list[str] | None:
         return list(self.dataset_expert) if self.dataset_expert else None
@@ -116,8 +131,8 @@ class WebShopTextEnv:
             self.pool.release(env)
 
 
-def make_env(args, sample):
-    """Factory for ``--rollout-interaction-env-path examples.agent_envs.webshop_env.make_env``."""
+def build_env(sample=None, args=None):
+    """Upstream's environment hook: ``rollout_interaction_env_path: examples.agent_envs.webshop_env``."""
     del args
     metadata = sample_metadata(sample)
     data_dir = require_data_dir("WebShop", metadata, "WEBSHOP_DATA", HOW_TO_GET)

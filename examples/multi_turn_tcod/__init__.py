@@ -1,1 +1,1 @@
-"""TCOD multi-turn on-policy distillation example: environments, demo and GPU run scripts."""
+"""Multi-turn on-policy distillation with TCOD's temporal curriculum: agent loop, gridnav environment, launch script."""

@@ -46,6 +46,14 @@ class EnvironmentFault(RuntimeError):
     """The environment raised, hung or broke its contract: the episode fails, the run goes on."""
 
 
+async def in_thread(timeout: float, fn, *call_args):
+    """``fn(*call_args)`` off the event loop (environments may block); ``asyncio.TimeoutError`` after ``timeout`` s."""
+    if sys.version_info < (3, 11):
+        return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
+    async with asyncio.timeout(timeout):  # wait_for's body from Python 3.12; 3.11's wait_for adds a task a call
+        return await asyncio.to_thread(fn, *call_args)
+
+
 def load_env_module(path: str):
     """The module behind ``rollout_interaction_env_path`` (a dotted module or a ``.py`` file), loaded once."""
     if path not in _ENV_MODULES:
@@ -89,7 +97,7 @@ class Episode:
     async def env_call(self, fn, *call_args):
         """``fn(*call_args)`` off the event loop (environments may block), bounded by ``env_step_timeout``."""
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), self.timeout)
+            return await in_thread(self.timeout, fn, *call_args)
         except asyncio.TimeoutError:
             raise EnvironmentFault(f"{fn.__name__}() did not return within {self.timeout:g} s (env_step_timeout)") from None
         except Exception as err:
@@ -229,7 +237,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     finally:
         if ep.env is not None and hasattr(ep.env, "close"):
             try:
-                await asyncio.wait_for(asyncio.to_thread(ep.env.close), ep.timeout)
+                await in_thread(ep.timeout, ep.env.close)
             except Exception as err:  # a close that fails does not undo the episode
                 logger.warning("env.close() failed for sample %s: %r", sample.index, err)
     sample.status = STATUS.get(outcome, Sample.Status.TRUNCATED)

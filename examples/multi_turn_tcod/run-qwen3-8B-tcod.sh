@@ -1,20 +1,22 @@
 #!/bin/bash
 
 # TCOD (temporal curriculum on-policy distillation, arXiv:2604.24005) on the built-in gridnav tasks:
-# Qwen3-8B student trained with Megatron, Qwen3-32B teacher on its own SGLang server.
+# Qwen3-8B student trained with Megatron, Qwen3-32B teacher on its own SGLang server. Both reason in
+# Qwen3's thinking mode (<think>...</think>, then the action), as the official TCOD code trains.
 #
 # usage: TCOD_MODE=f2b bash examples/multi_turn_tcod/run-qwen3-8B-tcod.sh
-#   TCOD_MODE  f2b (the student plays the first k turns) or b2f (expert actions replay the start,
-#              the student plays the last k turns); k grows by one every eta rollout steps
+#   TCOD_MODE  f2b (default: the student plays the first k turns) or b2f (expert actions replay the start,
+#              the student plays the last k turns); k grows by one every ETA rollout steps up to max_turns
 #   STUDENT, STUDENT_TORCH_DIST (tools/convert_hf_to_torch_dist.py), TEACHER, DATA, EVAL_DATA, SAVE: paths
 #   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
 # Data, one task per row with its expert actions:
 #   python -m examples.multi_turn_tcod.envs.make_data --env gridnav --size 8 --walls 0.2 --min-len 4 --max-len 12 \
 #       --n 2000 --seed 0 --out /root/data/tcod/gridnav_train.jsonl   (and --n 200 --seed 100000: gridnav_eval.jsonl)
+# Non-thinking replies instead: add --apply-chat-template-kwargs '{"enable_thinking": false}' to ROLLOUT_ARGS.
 
 set -ex
 
-TCOD_MODE=${TCOD_MODE:-b2f}
+TCOD_MODE=${TCOD_MODE:-f2b}
 STUDENT=${STUDENT:-/root/models/Qwen3-8B}
 STUDENT_TORCH_DIST=${STUDENT_TORCH_DIST:-/root/models/Qwen3-8B_torch_dist}
 TEACHER=${TEACHER:-/root/models/Qwen3-32B}
@@ -30,9 +32,10 @@ SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 SLIME_DIR="$(cd -- "${SCRIPT_DIR}/../.." &>/dev/null && pwd)"
 cd "${SLIME_DIR}"
 
-# k_max = max_turns of the YAML (12); TCOD's official settings otherwise (kl coef 1, lr 1e-6, 16 tasks per step).
-MAX_TURNS=12
-NUM_ROLLOUT=${NUM_ROLLOUT:-60}
+# ETA as the official ALFWorld / ScienceWorld configs (github.com/kokolerk/TCOD, TCOD_examples/*/tcod_*.yaml:
+# F2B checkpoint_steps 6, B2F 5; kl coef 1, lr 1e-6, 16 tasks per step). k_max is the YAML's max_turns (12),
+# so the depth reaches 12 at step 66 (F2B) or 55 (B2F) of 96: the ramp spans about 70% of the run, as there.
+NUM_ROLLOUT=${NUM_ROLLOUT:-96}
 if [ "${TCOD_MODE}" = f2b ]; then ETA=${ETA:-6}; else ETA=${ETA:-5}; fi
 CUSTOM_CONFIG=examples/multi_turn_tcod/multi_turn_tcod_config.yaml
 
@@ -75,7 +78,8 @@ ROLLOUT_ARGS=(
    --rollout-batch-size 16
    --n-samples-per-prompt 1
    --global-batch-size 16
-   --rollout-max-response-len 16384
+   # 12 turns of up to 1024 tokens (max_turn_response_len) plus the observations
+   --rollout-max-response-len 15360
    --rollout-temperature 1.0
    # the agent loop; max_turns, max_turn_response_len and the environment come from the YAML
    --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
@@ -84,13 +88,10 @@ ROLLOUT_ARGS=(
 )
 
 TCOD_ARGS=(
+   # the agent loop plays each episode at the current step's depth; evaluation plays full episodes
    --use-tcod
-   # gives each episode its curriculum depth; evaluation plays full episodes
-   --rollout-function-path slime.rollout.tcod.generate_rollout
    --tcod-mode ${TCOD_MODE}
-   --tcod-k-start 1
    --tcod-eta ${ETA}
-   --tcod-k-max ${MAX_TURNS}
 )
 
 RM_ARGS=(
@@ -103,7 +104,7 @@ EVAL_ARGS=(
    --eval-interval 25
    --eval-prompt-data gridnav "${EVAL_DATA}"
    --n-samples-per-eval-prompt 1
-   --eval-max-response-len 16384
+   --eval-max-response-len 15360
    --eval-temperature 0.4
 )
 

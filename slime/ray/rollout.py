@@ -2,8 +2,13 @@
 
 It starts ``--rollout-backend`` engine servers (the project's hf_engine on CPU, real SGLang on GPUs)
 unless slime's router address is given, runs the rollout function for each step, drops samples that
-cannot be trained on (failed episodes, B2F replays that finished the task), and pushes new weights to
-the engines with ``/update_weights_from_disk``.
+cannot be trained on (failed and aborted episodes, B2F replays that finished the task), and pushes new
+weights to the engines with ``/update_weights_from_disk``.
+
+Generate functions reach the engines the way upstream's do, through ``--sglang-router-ip`` /
+``--sglang-router-port``: for engines started here those two are pointed at the one engine, or at a
+round-robin router this process runs in front of several (``sglang_utils.router``), and
+``args.sglang_router_external`` records that the address is the runtime's, not the user's.
 
 With ``--rollout-backend sglang`` on a Ray cluster with GPUs, the engines run on GPUs that Ray reserves
 for them (``engine_placement``), so they never share devices with the trainer; elsewhere (the
@@ -12,8 +17,9 @@ hf_engine, a Ray without GPUs) they are child processes of this one.
 Behind slime's router (``--sglang-router-ip``) the engines are the router's workers (``GET /workers``),
 asked again at every weight push; a router that lists none stops the run instead of training on while
 the engines keep the old weights. Once the engines are up, their length limits (and the teacher
-server's) are read from ``/server_info`` into ``args.engine_limits``, so requests are cut to fit
-(``engine_info``), and engines that ignore sampling seeds are reported.
+server's) are read from ``/server_info`` into ``args.engine_limits`` and carried into upstream's
+``--rollout-max-context-len`` / ``--eval-max-context-len``, so requests are cut to fit (``engine_info``),
+and engines that ignore sampling seeds are reported.
 """
 
 from __future__ import annotations
@@ -46,13 +52,19 @@ def trainable(sample) -> bool:
 
 
 def select_trainable(args, groups) -> tuple[list, dict]:
-    """Flatten groups, keeping only trainable samples; group estimators drop whole incomplete groups."""
+    """Flatten groups, keeping only trainable samples; group estimators drop whole incomplete groups.
+
+    Aborted episodes (an engine's ``abort`` reply, or the rollout aborted) are dropped like failed ones
+    and counted apart: an abort is the run stopping generation, not the environment failing, so it does
+    not count towards :class:`TooManyFailures`.
+    """
     group_estimator = args.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline") \
         and args.n_samples_per_prompt > 1
-    kept, dropped, failed = [], 0, 0
+    kept, dropped, failed, aborted = [], 0, 0, 0
     for group in groups:
         ok = [trainable(s) for s in group]
         failed += sum(s.status == Status.FAILED for s in group)
+        aborted += sum(s.status == Status.ABORTED for s in group)
         if group_estimator and not all(ok):
             dropped += len(group)
             continue
@@ -64,7 +76,8 @@ def select_trainable(args, groups) -> tuple[list, dict]:
                           if s.status == Status.FAILED})[:3]
         raise TooManyFailures(f"{failed} of {total} samples failed in this rollout (e.g. {reasons}); "
                               "stopping instead of training on what is left")
-    return kept, {"rollout/failed": failed, "rollout/dropped": dropped, "rollout/kept": len(kept)}
+    return kept, {"rollout/failed": failed, "rollout/aborted": aborted, "rollout/dropped": dropped,
+                  "rollout/kept": len(kept)}
 
 
 class RolloutManager:
@@ -81,9 +94,16 @@ class RolloutManager:
         self.generate_rollout = load_function(args.rollout_function_path)
         self.engines = []
         self._engine_group = None  # Ray placement group holding the engines' GPUs, when there is one
+        self._router = None  # the round-robin router in front of several engines started here
         # SFT on expert data needs no engine unless it evaluates by playing episodes.
         self.needs_engines = args.loss_type != "sft_loss" or bool(self.eval_sets)
-        if self.needs_engines and not args.sglang_router_ip:
+        from slime.backends.sglang_utils.router import uses_external_router
+
+        # Decided before _start_engines points the router flags at engines of its own; args a former
+        # manager pointed so (sglang_router_external False) start their engines again.
+        if uses_external_router(args):
+            args.sglang_router_external = True
+        elif self.needs_engines:
             self._start_engines()
 
     # ------------------------------------------------------------------ engines
@@ -101,7 +121,7 @@ class RolloutManager:
             if engine_placement.ray_gpus():
                 self.engines, self._engine_group = engine_placement.start_engines_in_ray(
                     args, count, model_path, str(log_dir))
-                args.rollout_engine_urls = [engine.url for engine in self.engines]
+                self._route_to_engines()
                 return
             logger.warning("Ray reports no GPUs: the SGLang engines are pinned by --base-gpu-id to devices "
                            "0..%d of this process, which nothing keeps the trainer off",
@@ -112,7 +132,13 @@ class RolloutManager:
                                        base_gpu_id=i * args.rollout_num_gpus_per_engine)
             self.engines.append(EngineProcess(cmd, host=args.engine_host, port=port,
                                               log_path=log_dir / f"engine_{args.engine_host}_{port}.log"))
-        args.rollout_engine_urls = [engine.url for engine in self.engines]
+        self._route_to_engines()
+
+    def _route_to_engines(self) -> None:
+        """Point upstream's router flags at the engines just started (their ports are known before they load)."""
+        from slime.backends.sglang_utils.router import point_router_at_engines
+
+        self._router = point_router_at_engines(self.args, [engine.url for engine in self.engines])
 
     def wait_engines(self, timeout: float = 600.0) -> None:
         for engine in self.engines:
@@ -125,21 +151,25 @@ class RolloutManager:
             run_async(self._read_engine_limits())
 
     def engine_urls(self) -> list[str]:
-        """Base URLs of the rollout engines: the ones started here, else the router's workers."""
-        if not self.args.sglang_router_ip:
-            return list(self.args.rollout_engine_urls or [])
+        """Base URLs of the rollout engines: the ones started here, else the user's router's workers."""
+        from slime.backends.sglang_utils.router import uses_external_router
+
+        if not uses_external_router(self.args):
+            return list(getattr(self.args, "rollout_engine_urls", None) or [])
         from slime.backends.sglang_utils.engine_info import require_router_workers
         from slime.rollout.sglang_rollout import run_async
 
         return run_async(require_router_workers(self.args))
 
     async def _read_engine_limits(self) -> None:
-        """``args.engine_limits`` from the engines' (and the teacher's) ``/server_info``; warn about seeds."""
+        """``args.engine_limits`` from the engines' (and the teacher's) ``/server_info``, carried into the
+        context-length flags; warn about seeds."""
         from slime.backends.sglang_utils import engine_info
+        from slime.backends.sglang_utils.router import uses_external_router
 
         args = self.args
-        urls = await engine_info.require_router_workers(args) if args.sglang_router_ip \
-            else list(args.rollout_engine_urls or [])
+        urls = await engine_info.require_router_workers(args) if uses_external_router(args) \
+            else list(getattr(args, "rollout_engine_urls", None) or [])
         limits = {}
         try:
             rollout = engine_info.combine([await engine_info.read_limits(url, args.hf_checkpoint) for url in urls])
@@ -166,6 +196,9 @@ class RolloutManager:
         args.engine_limits = limits
         if limits:
             logger.info("engine limits: %s", limits)
+        # The agent loop bounds sequences by upstream's flags only: they must carry what the servers take.
+        for change in engine_info.clamp_context_flags(args, limits):
+            logger.info("engine limits -> %s", change)
 
     def update_weights(self, hf_path: str) -> None:
         if not self.needs_engines:
@@ -184,6 +217,9 @@ class RolloutManager:
         logger.debug("weights from %s pushed to %d engine(s)", hf_path, len(urls))
 
     def shutdown(self):
+        router, self._router = getattr(self, "_router", None), None
+        if router is not None:
+            router.stop()
         for engine in self.engines:
             engine.stop()
         self.engines = []
@@ -226,7 +262,11 @@ class RolloutManager:
                     group.append(sample)
                 groups.append(group)
             groups = self.generate_rollout(self.args, rollout_id, groups, evaluation=True)
-            flat = [s for g in groups for s in g]
+            # An aborted episode stopped early for the run's sake: its return says nothing of the policy.
+            flat = [s for g in groups for s in g if s.status != Status.ABORTED]
+            aborted = sum(len(g) for g in groups) - len(flat)
+            if aborted:
+                metrics[f"eval/{name}/aborted"] = aborted
             rewards = [s.metadata.get("task_reward", 0.0) for s in flat]
             metrics[f"eval/{name}/reward"] = sum(rewards) / max(1, len(rewards))
             successes = [s.metadata["success"] for s in flat if "success" in s.metadata]

@@ -1,13 +1,16 @@
 """Expert trajectories -> SFT samples, in exactly the token layout the multi-turn agent loop produces.
 
 A tiny teacher is made by SFT (``--loss-type sft_loss``) on these samples: the expert's actions are the
-trainable tokens, observations are masked, and the sequence is byte-for-byte what the agent loop would
-build had the student played the expert's actions (see ``examples.multi_turn_tcod.chat_layout``).
+trainable tokens, observations are masked, and the sequence is token for token what the agent loop
+(``examples.multi_turn_tcod.rollout``) would build had the student played the expert's actions: the same
+environment contract (``build_env(sample, args)``, ``reset() -> (observation, info)``, ``step(text) ->
+(observation, done, info)``, ``format_observation``), the same first-observation handling and the same
+``chat_layout`` encoders with ``apply_chat_template_kwargs``.
 
 Command line (one Sample per line, ``Sample.to_dict()``)::
 
     python -m slime.rollout.expert_sft --data train.jsonl --out sft.jsonl \\
-        --env-path examples.agent_envs.make_env --tokenizer tiny|HF_PATH [--system TEXT]
+        --env-path examples.agent_envs --tokenizer tiny|HF_PATH [--system TEXT]
 """
 
 from __future__ import annotations
@@ -18,35 +21,60 @@ import sys
 from pathlib import Path
 
 from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt
-from examples.multi_turn_tcod.env_adapter import expert_actions_for
+from examples.multi_turn_tcod.rollout import load_env_module
 from slime.utils.types import Sample
 
 
-def build_expert_sample(make_env, args, sample: Sample, tokenizer, system: str | None = None,
+def first_observation(env, sample: Sample, observation):
+    """The text the agent loop makes its prompt from (``rollout._play``): ``reset()``'s observation, the
+    task's prompt when it is empty (upstream's geo3k env resets to ``({}, info)``), else the formatted one."""
+    observation = observation[0] if isinstance(observation, tuple) else observation
+    if not observation:
+        return sample.prompt
+    if not isinstance(observation, str):
+        return env.format_observation(observation)["content"]
+    return observation
+
+
+def expert_actions_of(env, sample: Sample) -> list[str] | None:
+    """As B2F's replay: ``metadata["expert_actions"]``, else ``env.expert_actions()``."""
+    actions = (sample.metadata or {}).get("expert_actions")
+    if actions is None and hasattr(env, "expert_actions"):
+        actions = env.expert_actions()
+    return list(actions) if actions else None
+
+
+def build_expert_sample(build_env, args, sample: Sample, tokenizer, system: str | None = None,
                         require_success: bool = True) -> Sample:
     """Play the expert actions of ``sample``'s task and return the trajectory as a trainable Sample.
 
+    ``build_env(sample, args)`` is the environment module's builder. ``system`` adds a system message
+    before the first observation (the agent loop has none: a teacher trained with it sees another prompt).
     Raises ValueError when the task has no expert actions, or (with ``require_success``) when they do
     not solve it: training a teacher on a failing path would teach it to fail.
     """
-    env = make_env(args, sample)
+    kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
+    env = build_env(sample, args)
     try:
-        first_observation = env.reset()
-        actions = expert_actions_for(env, sample)
+        observation = first_observation(env, sample, env.reset())
+        actions = expert_actions_of(env, sample)
         if not actions:
             raise ValueError(f"sample {sample.index}: no expert actions (neither metadata['expert_actions'] "
                              "nor env.expert_actions())")
-        out = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt or first_observation,
+        out = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt or observation,
                      label=sample.label, metadata=dict(sample.metadata or {}))
-        out.tokens = encode_prompt(tokenizer, first_observation, system)
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": observation}]
+        out.tokens = encode_prompt(tokenizer, messages if system else observation, kwargs)
         spans, rewards, success, done = [], [], False, False
         for turn, action in enumerate(actions):
             ids = encode_action(tokenizer, action)
             start = out.response_length
             out.append_response_tokens(tokens=ids, log_probs=[0.0] * len(ids), trainable=True)
             spans.append([start, out.response_length])
-            observation, reward, done, info = env.step(action)
-            rewards.append(float(reward))
+            observation, done, info = env.step(action)
+            info = info or {}
+            rewards.append(float(info.get("reward", 0.0)))
             success = success or bool(info.get("success", False))
             if done:
                 if turn + 1 < len(actions):
@@ -54,12 +82,14 @@ def build_expert_sample(make_env, args, sample: Sample, tokenizer, system: str |
                                      f"{len(actions)} expert actions")
                 break
             if turn + 1 < len(actions):  # nothing follows the final action
-                out.append_response_tokens(tokens=encode_observation(tokenizer, observation), trainable=False)
+                message = env.format_observation(observation)
+                out.append_response_tokens(tokens=encode_observation(tokenizer, message, kwargs), trainable=False)
         if require_success and not success:
             raise ValueError(f"sample {sample.index}: the {len(actions)} expert actions did not solve the task "
                              f"(done={done}, metadata={sample.metadata})")
     finally:
-        env.close()
+        if hasattr(env, "close"):
+            env.close()
     out.response = tokenizer.decode(out.tokens[len(out.tokens) - out.response_length:], skip_special_tokens=False)
     out.reward = sum(rewards)
     out.status = Sample.Status.COMPLETED
@@ -111,21 +141,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write SFT samples from the expert trajectories of env tasks.")
     parser.add_argument("--data", required=True, help="jsonl of tasks (input, label, metadata, expert_actions)")
     parser.add_argument("--out", required=True, help="jsonl of Sample.to_dict() rows")
-    parser.add_argument("--env-path", default="examples.agent_envs.make_env",
-                        help="as --rollout-interaction-env-path: a module with build_env(sample, args) "
-                             "or a factory make_env(args, sample)")
+    parser.add_argument("--env-path", default="examples.agent_envs",
+                        help="as --rollout-interaction-env-path: a module with build_env(sample, args)")
     parser.add_argument("--tokenizer", default="tiny", help="'tiny' (the local char-level one) or an HF path")
     parser.add_argument("--system", default=None, help="optional system message")
+    parser.add_argument("--apply-chat-template-kwargs", type=json.loads, default=None,
+                        help="JSON keyword arguments of every chat-template render, as the agent loop's "
+                             "apply_chat_template_kwargs (e.g. '{\"enable_thinking\": false}')")
     parser.add_argument("--allow-failures", action="store_true", help="skip tasks the expert does not solve")
     args = parser.parse_args(argv)
 
-    from examples.multi_turn_tcod.env_adapter import build_interaction_env
-
-    env_args = argparse.Namespace(rollout_interaction_env_path=args.env_path)
-
-    def make_env(_args, sample):
-        return build_interaction_env(env_args, sample)
-
+    build_env = load_env_module(args.env_path).build_env
+    # What the environment and the encoders read of the run's arguments.
+    env_args = argparse.Namespace(rollout_interaction_env_path=args.env_path,
+                                  apply_chat_template_kwargs=args.apply_chat_template_kwargs or {})
     tokenizer = load_tokenizer(args.tokenizer)
     tasks = read_task_samples(args.data)
     out_path = Path(args.out)
@@ -135,7 +164,7 @@ def main(argv=None) -> int:
     with open(tmp, "w") as handle:
         for task in tasks:
             try:
-                sample = build_expert_sample(make_env, args, task, tokenizer, system=args.system)
+                sample = build_expert_sample(build_env, env_args, task, tokenizer, system=args.system)
             except ValueError as err:
                 if not args.allow_failures:
                     raise

@@ -11,10 +11,11 @@ default rollout with ``--custom-generate-function-path examples.multi_turn_tcod.
 
 from __future__ import annotations
 
+from examples.multi_turn_tcod.rollout import load_env_module
+
 from slime.rollout import sglang_rollout
 from slime.rollout.expert_sft import build_expert_sample
-from examples.multi_turn_tcod.rollout import get_tokenizer
-from slime.utils.misc import load_function
+from slime.rollout.sglang_rollout import GenerateState
 
 
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
@@ -26,15 +27,15 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
         return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
     if not args.rollout_interaction_env_path:
         raise ValueError("slime.rollout.sft_rollout needs --rollout-interaction-env-path to play expert actions")
-    make_env = load_function(args.rollout_interaction_env_path)
+    build_env = load_env_module(args.rollout_interaction_env_path).build_env
     sglang_rollout.LAST_TIMINGS.clear()  # an evaluation's generate time must not be reported as this step's
-    tokenizer = get_tokenizer(args)
+    tokenizer = GenerateState(args).tokenizer  # the agent loop's: the same ids for the same text
     groups = data_source.get_samples(args.rollout_batch_size)
     out = []
     for group in groups:
         built = []
         for sample in group:
-            expert = build_expert_sample(make_env, args, sample, tokenizer)
+            expert = build_expert_sample(build_env, args, sample, tokenizer)
             expert.rollout_id = rollout_id
             expert.metadata["task_reward"] = float(expert.reward or 0.0)
             built.append(expert)

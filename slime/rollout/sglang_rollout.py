@@ -28,7 +28,9 @@ class GenerateState:
     """Upstream's name for the rollout process's generation state: the policy tokenizer and the abort flag.
 
     One instance per ``--hf-checkpoint`` (upstream keeps one per process), so every generate function
-    (single-turn here, the agent loop of ``examples/multi_turn_tcod``) shares the tokenizer.
+    (single-turn here, the agent loop of ``examples/multi_turn_tcod``) shares the tokenizer. Upstream loads
+    it with ``trust_remote_code=True``; this runtime runs a checkpoint's code only with
+    ``--trust-remote-code``, as for the engines it starts.
     """
 
     _instances: dict[str, "GenerateState"] = {}
@@ -40,7 +42,8 @@ class GenerateState:
 
             state = super().__new__(cls)
             state.args = args
-            state.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+            trust = bool(getattr(args, "trust_remote_code", False))
+            state.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
             state.reset()
             cls._instances[path] = state
         return cls._instances[path]
@@ -49,33 +52,26 @@ class GenerateState:
         self.aborted = False
 
 
-def engine_url(args, sample: Sample) -> str:
-    """slime's router when one is set, else this runtime's engines round robin by sample index."""
-    if getattr(args, "sglang_router_ip", None):
-        return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
-    urls = getattr(args, "rollout_engine_urls", None)
-    if not urls:
+def engine_url(args, sample: Sample | None = None) -> str:
+    """Upstream's router, as every generate function reaches the engines. For engines this runtime starts,
+    ``RolloutManager`` points the router flags at them (``sglang_utils.router``)."""
+    if not getattr(args, "sglang_router_ip", None):
         raise RuntimeError("no rollout engine: set --sglang-router-ip/--sglang-router-port")
-    return f"{urls[(sample.index or 0) % len(urls)]}/generate"
+    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+
+
+def context_limit(args, evaluation: bool = False) -> int | None:
+    """Upstream's flag for the longest sequence: ``--eval-max-context-len`` in evaluation, else
+    ``--rollout-max-context-len`` (``RolloutManager`` lowers both to what the engines, and in training a
+    teacher server, take)."""
+    value = getattr(args, "eval_max_context_len" if evaluation else "rollout_max_context_len", None)
+    return None if value is None else int(value)
 
 
 def token_room(args, n_tokens: int, evaluation: bool = False) -> int | None:
-    """How many tokens a sequence may still grow by (None: no limit known): ``--rollout-max-context-len``,
-    the engines' context (``args.engine_limits``, read from their ``/server_info``) and, in training with a
-    teacher server, the longest sequence it scores."""
-    limits = getattr(args, "engine_limits", None) or {}
-    bounds = []
-    rollout = limits.get("rollout") or {}
-    if rollout.get("max_prompt_len") is not None and n_tokens > rollout["max_prompt_len"]:
-        bounds.append(0)
-    if rollout.get("context_len") is not None:
-        bounds.append(rollout["context_len"] - n_tokens)
-    if getattr(args, "rollout_max_context_len", None):
-        bounds.append(int(args.rollout_max_context_len) - n_tokens)
-    teacher = limits.get("teacher") or {}
-    if not evaluation and args.use_opd and args.opd_type == "sglang" and teacher.get("max_prompt_len") is not None:
-        bounds.append(int(teacher["max_prompt_len"]) - n_tokens)
-    return min(bounds) if bounds else None
+    """How many tokens a sequence of ``n_tokens`` may still grow by (None: no limit known)."""
+    limit = context_limit(args, evaluation)
+    return None if limit is None else limit - n_tokens
 
 
 def sampling_seed(args, sample: Sample, evaluation: bool, salt: int = 0) -> int:
@@ -106,11 +102,12 @@ def build_sampling_params(args, evaluation: bool = False) -> dict:
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     """Single-turn: one completion of ``sample.prompt``; response tokens are trainable.
 
-    ``max_new_tokens`` is cut to what the prompt leaves of the engine's context (and of
-    ``--rollout-max-context-len``, and in server-teacher OPD of what the teacher can score): SGLang answers
-    400 to a prompt plus ``max_new_tokens`` above its context, and a 4xx is not retried. A prompt that
-    leaves no room is not sent: the sample comes back TRUNCATED with no response, ``remove_sample`` set
-    and ``metadata["outcome"] = "prompt_too_long"``, so it is neither scored by the teacher nor trained on.
+    ``max_new_tokens`` is cut to what the prompt leaves of ``--rollout-max-context-len`` (in evaluation
+    ``--eval-max-context-len``), which carry the engine's context and, in server-teacher OPD, what the
+    teacher can score: SGLang answers 400 to a prompt plus ``max_new_tokens`` above its context, and a 4xx
+    is not retried. A prompt that leaves no room is not sent: the sample comes back TRUNCATED with no
+    response, ``remove_sample`` set and ``metadata["outcome"] = "prompt_too_long"``, so it is neither
+    scored by the teacher nor trained on.
     """
     tokenizer = GenerateState(args).tokenizer
     if not sample.tokens:
@@ -122,9 +119,9 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     room = token_room(args, len(sample.tokens), evaluation)
     if room is not None and room < params["max_new_tokens"]:
         if room <= 0:
-            return _prompt_too_long(args, sample)
+            return _prompt_too_long(args, sample, evaluation)
         params["max_new_tokens"] = room
-    output = await post(engine_url(args, sample), {
+    output = await post(engine_url(args), {
         "input_ids": sample.tokens,
         "sampling_params": params,
         "return_logprob": True,
@@ -141,10 +138,11 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     return sample
 
 
-def _prompt_too_long(args, sample: Sample) -> Sample:
-    limits = getattr(args, "engine_limits", None) or {}
-    message = (f"prompt of {len(sample.tokens)} tokens leaves no room to generate (engine limits {limits}, "
-               f"--rollout-max-context-len {args.rollout_max_context_len}); not sent")
+def _prompt_too_long(args, sample: Sample, evaluation: bool) -> Sample:
+    flag = "--eval-max-context-len" if evaluation else "--rollout-max-context-len"
+    limits = getattr(args, "engine_limits", None) or {}  # runtime-only: what the flag was lowered from
+    message = (f"prompt of {len(sample.tokens)} tokens leaves no room to generate ({flag} "
+               f"{context_limit(args, evaluation)}, engine limits {limits}); not sent")
     logger.warning("sample %s: %s", sample.index, message)
     sample.status = Status.TRUNCATED
     sample.remove_sample = True
@@ -186,7 +184,8 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
     t0 = time.perf_counter()
     groups = run_async(_run_all(args, groups, evaluation))
     t1 = time.perf_counter()
-    scored = [s for g in groups for s in g if s.status != Status.FAILED]
+    # Failed and aborted episodes are dropped before training (select_trainable): no teacher call for them.
+    scored = [s for g in groups for s in g if s.status not in (Status.FAILED, Status.ABORTED)]
     run_async(assign_rewards(args, scored, evaluation=evaluation))
     LAST_TIMINGS.clear()
     LAST_TIMINGS.update({"time/generate": t1 - t0, "time/reward": time.perf_counter() - t1})

@@ -122,8 +122,11 @@ def add_data_arguments(parser):
     g.add_argument("--eval-temperature", type=float, default=None,
                    help="sampling temperature for evaluation (default: --rollout-temperature)")
     g.add_argument("--eval-max-response-len", type=int, default=None,
-                   help="response budget of a single-turn evaluation sample (default: --rollout-max-response-len; "
-                        "the multi-turn agent loop always uses --rollout-max-response-len)")
+                   help="response budget of an evaluation sample, a whole trajectory in the multi-turn agent loop "
+                        "(default: --rollout-max-response-len)")
+    g.add_argument("--eval-max-context-len", type=int, default=None,
+                   help="prompt + response tokens an evaluation sequence may reach, as --rollout-max-context-len for "
+                        "rollouts (unset: lowered to the rollout engines' context once they are up)")
     g.add_argument("--skip-eval-before-train", action="store_true",
                    help="no evaluation at step -1 (e.g. an SFT run from a random init)")
     return parser
@@ -162,9 +165,11 @@ def add_rollout_arguments(parser):
                    help="async generate(args, sample, sampling_params, evaluation=False) run per sample instead of "
                         "the single-turn one (default with --max-turns or --use-tcod: the multi-turn agent loop)")
     g.add_argument("--rollout-function-path", type=str, default="slime.rollout.sglang_rollout.generate_rollout",
-                   help="generate_rollout(args, rollout_id, data_source, evaluation=False) -> groups of samples "
-                        "(--use-tcod needs slime.rollout.tcod.generate_rollout)")
+                   help="generate_rollout(args, rollout_id, data_source, evaluation=False) -> groups of samples")
     g.add_argument("--rollout-concurrency", type=int, default=64, help="samples generated at once")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="upstream's partial rollout (aborted samples resume in a later step); not implemented here: "
+                        "the multi-turn agent loop refuses it, since an episode cannot resume")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run code shipped with the checkpoint: passed to SGLang servers and to the agent "
                         "loop's HF tokenizer loader (off: such checkpoints fail to load instead)")
@@ -347,7 +352,7 @@ def _validate_finite(args):
 _AT_LEAST_ONE = ("n_samples_per_eval_prompt", "rollout_concurrency", "rollout_num_gpus_per_engine",
                  "num_gpus_per_node")
 _AT_LEAST_ONE_IF_SET = ("eval_interval", "rollout_num_gpus", "num_steps_per_rollout", "rollout_max_context_len",
-                        "eval_max_response_len", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                        "eval_max_context_len", "eval_max_response_len", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                         "num_query_groups", "kv_channels", "vocab_size", "make_vocab_size_divisible_by",
                         "max_position_embeddings", "seq_length")
 

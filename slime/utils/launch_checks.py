@@ -1,8 +1,9 @@
 """What ``train.py`` checks and fills in before Ray starts, ``--dry-run`` included.
 
 Validation (``slime.utils.arguments``) checks flag combinations; these checks need the run's files and
-plugins: every plugin path imports, the prompt files exist and parse, a B2F expert prefix has expert
-actions to replay, and the token budgets can hold the turns. Where a run would silently do something
+plugins: every plugin path imports, the environment is a module exposing ``build_env(sample, args)`` (the
+agent loop's one contract), the prompt files exist and parse, a B2F expert prefix has expert actions to
+replay, and the token budgets can hold the turns. Where a run would silently do something
 else than asked, it is refused with one line naming the flag; where one sensible default exists (a
 server teacher's reward hooks, the agent loop for multi-turn flags) it is taken and reported, so the
 plan shows what will run. ``preflight`` (real runs only) then checks the models and the teacher server.
@@ -24,6 +25,7 @@ SERVER_TEACHER_HOOKS = {
     ),
 }
 MULTI_TURN_GENERATE = "examples.multi_turn_tcod.rollout.generate"
+TEACHER_PREFIX_GENERATE = "slime.rollout.teacher_prefix.generate"
 # The rollout functions of this tree take their prompts from --prompt-data; a custom one may make its own.
 BUILT_IN_ROLLOUT_PREFIX = "slime.rollout."
 # Rows of --prompt-data looked at for expert actions (B2F with --tcod-prefix-source expert).
@@ -37,6 +39,7 @@ def check_launch(args) -> list[str]:
     notes = _default_server_teacher_hooks(args) + _default_generate_function(args)
     _check_cluster(args)
     check_plugin_paths(args)
+    _check_env_module(args)
     train_data = _check_data_files(args)
     _check_expert_prefix(args, train_data)
     return notes + budget_warnings(args)
@@ -63,6 +66,11 @@ def _default_server_teacher_hooks(args) -> list[str]:
 
 
 def _default_generate_function(args) -> list[str]:
+    if args.custom_generate_function_path == TEACHER_PREFIX_GENERATE and \
+            getattr(args, "tcod_prefix_source", None) == "teacher":
+        # validate_prefix_source chose it: say so, since no flag of the command line names it.
+        return [f"--tcod-prefix-source teacher: --custom-generate-function-path {TEACHER_PREFIX_GENERATE} (the "
+                "agent loop with B2F prefixes from the teacher's own episodes)"]
     if args.custom_generate_function_path or not (args.max_turns or args.use_tcod):
         return []
     # Without it the rollout would generate single-turn answers while the plan shows turns and a schedule.
@@ -80,6 +88,25 @@ def _check_cluster(args) -> None:
                         ("--rollout-num-gpus-per-engine", args.rollout_num_gpus_per_engine)):
         if value > per_node:
             raise ArgumentError(f"{flag} {value} is more than one node holds (--num-gpus-per-node {per_node})")
+
+
+def _check_env_module(args) -> None:
+    """The environment loads the way the agent loop (and expert SFT) load it: a module with build_env."""
+    path = getattr(args, "rollout_interaction_env_path", None)
+    if not path:
+        return
+    from examples.multi_turn_tcod.rollout import load_env_module
+
+    try:
+        load_env_module(path)
+    except ModuleNotFoundError as err:
+        parent = path.rpartition(".")[0]
+        if err.name == path and parent:  # e.g. examples.agent_envs.make_env: a function's path
+            raise ArgumentError(f"--rollout-interaction-env-path {path}: not a module; the environment is a module "
+                                f"exposing build_env(sample, args) (upstream's contract), e.g. {parent}") from None
+        raise ArgumentError(f"--rollout-interaction-env-path {path}: {type(err).__name__}: {err}") from None
+    except (ImportError, ValueError, SyntaxError) as err:
+        raise ArgumentError(f"--rollout-interaction-env-path {path}: {type(err).__name__}: {err}") from None
 
 
 def data_files(args) -> list[tuple[str, str]]:
@@ -124,17 +151,26 @@ def _check_expert_prefix(args, train_data) -> None:
 
 
 def _env_has_expert(args, sample) -> bool:
-    from examples.multi_turn_tcod.env_adapter import build_interaction_env
+    """Whether the environment gives the first task's expert actions, asked as B2F's replay asks: after reset."""
+    from examples.multi_turn_tcod.rollout import load_env_module
 
+    path = args.rollout_interaction_env_path
     try:
-        env = build_interaction_env(args, sample)
+        env = load_env_module(path).build_env(sample, args)
     except Exception as err:  # noqa: BLE001 - any failure to build is the user's to see, in one line
-        raise ArgumentError(f"--rollout-interaction-env-path {args.rollout_interaction_env_path}: building the "
-                            f"first task's environment failed: {type(err).__name__}: {err}") from None
+        raise ArgumentError(f"--rollout-interaction-env-path {path}: building the first task's environment "
+                            f"failed: {type(err).__name__}: {err}") from None
     try:
+        if not hasattr(env, "expert_actions"):
+            return False
+        env.reset()
         return bool(env.expert_actions())
+    except Exception as err:  # noqa: BLE001 - as above
+        raise ArgumentError(f"--rollout-interaction-env-path {path}: the first task's reset() / expert_actions() "
+                            f"failed: {type(err).__name__}: {err}") from None
     finally:
-        env.close()
+        if hasattr(env, "close"):
+            env.close()
 
 
 def budget_warnings(args) -> list[str]:

@@ -43,7 +43,8 @@ def add_multi_turn_arguments(parser):
     return parser
 
 
-TEACHER_PREFIX_REPLAY = "slime.rollout.teacher_prefix.replay_teacher_prefix"
+EXAMPLE_GENERATE = "examples.multi_turn_tcod.rollout.generate"
+TEACHER_PREFIX_GENERATE = "slime.rollout.teacher_prefix.generate"
 
 
 def validate_prefix_source(args) -> None:
@@ -60,8 +61,20 @@ def validate_prefix_source(args) -> None:
             # An in-trainer teacher only scores: the rollout side cannot ask it to play an episode.
             _fail("--tcod-prefix-source teacher needs a teacher server that can generate: --opd-type sglang with "
                   "--rm-url (an in-trainer teacher, --opd-type megatron, only scores)")
-        # The agent loop's plugin point for prefix sources other than the expert's.
-        args.tcod_prefix_replay_path = TEACHER_PREFIX_REPLAY
+        # The example's agent loop takes its prefix source as a parameter; the teacher's is this runtime's
+        # wrapper of it. Unset, the agent loop is what launch_checks would default to.
+        chosen = args.custom_generate_function_path
+        if chosen not in (None, EXAMPLE_GENERATE, TEACHER_PREFIX_GENERATE):
+            _fail(f"--tcod-prefix-source teacher plays episodes through {TEACHER_PREFIX_GENERATE} (the example's "
+                  f"agent loop with teacher-played prefixes); --custom-generate-function-path {chosen} would "
+                  "ignore it: drop that flag or use --tcod-prefix-source expert")
+        if chosen != TEACHER_PREFIX_GENERATE:
+            import logging
+
+            logging.getLogger(__name__).info(
+                "--tcod-prefix-source teacher: --custom-generate-function-path %s (was %s)",
+                TEACHER_PREFIX_GENERATE, chosen)
+            args.custom_generate_function_path = TEACHER_PREFIX_GENERATE
 
 
 def apply_custom_config(args) -> None:

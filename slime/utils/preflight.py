@@ -41,9 +41,10 @@ def preflight(args) -> Inputs:
     check_backend(args)
     megatron_loads = check_model_folders(args)
     check_model_shape(args)
-    from transformers import AutoTokenizer
+    from slime.rollout.sglang_rollout import GenerateState
 
-    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)  # a local folder by now: no hub access
+    # A local folder by now: no hub access. GenerateState's: the one the generate functions then share.
+    tokenizer = GenerateState(args).tokenizer
     check_data(args, tokenizer)
     check_vocabularies(args, tokenizer, skip=megatron_loads)
     return Inputs(tokenizer=tokenizer, load_folder=resolve_load(args))

@@ -51,9 +51,13 @@ def per_turn_kl(samples, per_sample_kl) -> tuple[list[float], list[float]]:
     return [_mean(by_turn.get(i, [])) if i in by_turn else None for i in range(width)], trajectory
 
 
+# Episodes that did not run to an end of their own: a failed environment, an aborted generation.
+UNFINISHED = (Sample.Status.FAILED, Sample.Status.ABORTED)
+
+
 def turns_without_stop_fraction(samples) -> float | None:
     """Share of the student turns of finished episodes that ended without their end-of-turn token."""
-    finished = [s for s in samples if "num_turns" in s.metadata and s.status != Sample.Status.FAILED]
+    finished = [s for s in samples if "num_turns" in s.metadata and s.status not in UNFINISHED]
     turns = sum(s.metadata["num_turns"] for s in finished)
     if not turns:
         return None
@@ -97,7 +101,7 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
     everything = [s for g in groups for s in g]
     out = {
         "rollout/reward": _mean(s.metadata.get("task_reward", 0.0) for s in everything
-                                if s.status != Sample.Status.FAILED),
+                                if s.status not in UNFINISHED),
         "rollout/response_len": _mean(s.response_length for s in everything),
         "rollout/truncated": _mean(float(s.status == Sample.Status.TRUNCATED) for s in everything),
         "rollout/trained_tokens": sum(s.effective_response_length for s in samples),
@@ -105,7 +109,7 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
     }
     multi = [s for s in everything if "num_turns" in s.metadata]
     if multi:
-        finished = [s for s in multi if s.status != Sample.Status.FAILED]
+        finished = [s for s in multi if s.status not in UNFINISHED]
         out["multi_turn/success_rate"] = _mean(float(bool(s.metadata.get("success"))) for s in finished)
         out["multi_turn/turns"] = _mean(s.metadata["num_turns"] for s in finished)
         cut = turns_without_stop_fraction(finished)
@@ -114,6 +118,7 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         out["multi_turn/cut"] = sum(1 for s in finished if s.metadata.get("outcome") == "cut")
         out["multi_turn/replay_finished"] = sum(1 for s in everything if s.metadata.get("outcome") == "replay_finished")
         out["multi_turn/env_failed"] = sum(1 for s in multi if s.status == Sample.Status.FAILED)
+        out["multi_turn/aborted"] = sum(1 for s in multi if s.status == Sample.Status.ABORTED)
         plans = [s.metadata.get("episode_plan") or {} for s in multi]
         if any("depth" in p for p in plans):
             out["tcod/depth"] = max(p.get("depth", 0) for p in plans)

@@ -17,7 +17,8 @@ with ``port.py`` applied), and calls this driver for the parts that are easier i
     fail instead). ray, sglang, sglang_router and torch are never installed: upstream's contract tests stub
     the first three, torch is the user's choice of build.
 ``matrix --pristine P --ported Q --work W``
-    Run ``tests/test_sample.py``, ``tests/test_rollout_metrics.py`` and ``tests/plugin_contracts/`` on both
+    Run ``tests/test_sample.py``, ``tests/test_rollout_metrics.py``,
+    ``tests/test_megatron_argument_validation.py`` (``slime_validate_args``) and ``tests/plugin_contracts/`` on both
     trees. On ``ported/`` the ``SLIME_CONTRACT_*`` variables point at this contribution's hooks; on
     ``pristine/`` at upstream's own counterpart of each hook. Every test gets a verdict:
 
@@ -33,7 +34,7 @@ with ``port.py`` applied), and calls this driver for the parts that are easier i
 
     Exit status 1 on any FAIL-OURS or FAIL-BOTH, or if a hook's contract test is missing upstream.
 
-``_pytest --results JSON [--alias] -- PYTEST_ARGS``
+``_pytest --results JSON -- PYTEST_ARGS``
     Internal: one pytest session in the current directory (a tree), recording each test's outcome, the
     exception and how far into the test file it got, as JSON.
 
@@ -56,11 +57,11 @@ from pathlib import Path
 
 try:
     from .verify_deps import ensure_deps, has_module
-    from .verify_recorder import ALIAS_MODULE, UPSTREAM_DEFAULT_ROLLOUT, run_session
+    from .verify_recorder import run_session
     from .verify_trees import ENV_PREFIX, UPSTREAM_TESTS, copy_tree, say, tail, tree_digest, tree_env
 except ImportError:  # run as a script from this folder
     from verify_deps import ensure_deps, has_module
-    from verify_recorder import ALIAS_MODULE, UPSTREAM_DEFAULT_ROLLOUT, run_session
+    from verify_recorder import run_session
     from verify_trees import ENV_PREFIX, UPSTREAM_TESTS, copy_tree, say, tail, tree_digest, tree_env
 
 
@@ -70,7 +71,6 @@ except ImportError:  # run as a script from this folder
 
 
 GENERATE = "tests/plugin_contracts/test_plugin_generate_contracts.py"
-ROLLOUT = "tests/plugin_contracts/test_plugin_rollout_contracts.py"
 PATH_LOADING = "tests/plugin_contracts/test_plugin_path_loading_contracts.py"
 RUNTIME_HOOK = "tests/plugin_contracts/test_plugin_runtime_hook_contracts.py"
 
@@ -92,24 +92,6 @@ class Hook:
 
 
 HOOKS = [
-    Hook(
-        "ROLLOUT_FUNCTION_PATH",
-        "slime.rollout.tcod.generate_rollout",
-        f"{ALIAS_MODULE}.generate_rollout",
-        f"{UPSTREAM_DEFAULT_ROLLOUT} (aliased)",
-        f"{ROLLOUT}::test_rollout_function_path_contract_supports_user_override",
-        "the contract calls the rollout function with args=None and no rollout engines; upstream's default "
-        "generate_rollout needs both too (the test exempts it by name only)",
-    ),
-    Hook(
-        "EVAL_FUNCTION_PATH",
-        "slime.rollout.tcod.generate_rollout",
-        f"{ALIAS_MODULE}.generate_rollout",
-        f"{UPSTREAM_DEFAULT_ROLLOUT} (aliased)",
-        f"{PATH_LOADING}::test_path_loading_path_aligns_with_expected_format[eval_function]",
-        "the contract calls the eval function with args=None and no rollout engines; upstream's default "
-        "generate_rollout needs both too (the test exempts it by name only)",
-    ),
     Hook(
         "CUSTOM_GENERATE_FUNCTION_PATH",
         "examples.multi_turn_tcod.rollout.generate",
@@ -151,8 +133,9 @@ HOOKS = [
 ]
 
 # The other SLIME_CONTRACT_* keys upstream's contract files read: this contribution has no hook for them,
-# so they stay unset and those tests check upstream's own reference hooks on both trees.
-OTHER_CONTRACT_KEYS = ("DYNAMIC_SAMPLING_FILTER_PATH", "BUFFER_FILTER_PATH", "DATA_SOURCE_PATH",
+# so they stay unset and those tests check upstream's own reference hooks on both trees. The PR has no
+# rollout or eval function of its own: upstream's default generate_rollout calls its agent loop.
+OTHER_CONTRACT_KEYS = ("ROLLOUT_FUNCTION_PATH", "EVAL_FUNCTION_PATH", "DYNAMIC_SAMPLING_FILTER_PATH", "BUFFER_FILTER_PATH", "DATA_SOURCE_PATH",
                        "ROLLOUT_SAMPLE_FILTER_PATH", "ROLLOUT_ALL_SAMPLES_PROCESS_PATH",
                        "CUSTOM_ROLLOUT_LOG_FUNCTION_PATH", "CUSTOM_EVAL_ROLLOUT_LOG_FUNCTION_PATH",
                        "CUSTOM_CONVERT_SAMPLES_TO_TRAIN_DATA_PATH", "ROLLOUT_DATA_POSTPROCESS_PATH")
@@ -164,13 +147,12 @@ OTHER_CONTRACT_KEYS = ("DYNAMIC_SAMPLING_FILTER_PATH", "BUFFER_FILTER_PATH", "DA
 
 
 def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str], pytest_args: list[str],
-                  alias: bool, timeout: int) -> dict:
+                  timeout: int) -> dict:
     env = tree_env(tree, {ENV_PREFIX + k: v for k, v in env_vars.items()})
     args = ["-p", "no:cacheprovider", "-rfE", "--tb=short", "--continue-on-collection-errors"]
     if has_module("pytest_timeout"):
         args += ["--timeout", str(max(30, timeout // 2))]
     cmd = [sys.executable, str(Path(__file__).resolve()), "_pytest", "--results", str(results)]
-    cmd += ["--alias"] if alias else []
     cmd += ["--", *args, *pytest_args]
     with open(log, "w") as fh:
         fh.write("env: " + " ".join(f"{ENV_PREFIX}{k}={v}" for k, v in env_vars.items()) + "\n")
@@ -241,7 +223,7 @@ def cmd_matrix(ns) -> int:
     timeout = int(os.environ.get("VERIFY_PYTEST_TIMEOUT", "600"))
     problems: list[str] = []
 
-    for rel in ["tests/plugin_contracts", "tests/test_sample.py", "tests/test_rollout_metrics.py"]:
+    for rel in UPSTREAM_TESTS:
         a, b = pristine / rel, ported / rel
         same = (tree_digest(a) == tree_digest(b)) if a.is_dir() else (a.read_bytes() == b.read_bytes())
         if not same:
@@ -258,17 +240,16 @@ def cmd_matrix(ns) -> int:
         + ", ".join(OTHER_CONTRACT_KEYS))
 
     say("running upstream's CPU tests: ported tree with our hooks ...")
-    ours = _run_recorded(ported, work / "ours.json", work / "ours.log", ours_env, UPSTREAM_TESTS, False, timeout)
+    ours = _run_recorded(ported, work / "ours.json", work / "ours.log", ours_env, UPSTREAM_TESTS, timeout)
     say("running upstream's CPU tests: pristine tree with upstream's own counterpart hooks ...")
-    theirs = _run_recorded(pristine, work / "theirs.json", work / "theirs.log", theirs_env, UPSTREAM_TESTS, True,
-                           timeout)
+    theirs = _run_recorded(pristine, work / "theirs.json", work / "theirs.log", theirs_env, UPSTREAM_TESTS, timeout)
     extra_runs = []
     for i, h in enumerate(h for h in HOOKS if h.extra_env):
         say(f"running {_short(h.test_id)}{h.suffix} on both trees ...")
         o = _run_recorded(ported, work / f"ours{i}.json", work / f"ours{i}.log",
-                          {h.env_key: h.ours, **dict(h.extra_env)}, [h.test_id], False, timeout)
+                          {h.env_key: h.ours, **dict(h.extra_env)}, [h.test_id], timeout)
         t = _run_recorded(pristine, work / f"theirs{i}.json", work / f"theirs{i}.log",
-                          {h.env_key: h.theirs, **dict(h.extra_env)}, [h.test_id], True, timeout)
+                          {h.env_key: h.theirs, **dict(h.extra_env)}, [h.test_id], timeout)
         extra_runs.append((h, o, t))
 
     for data, where in ((ours, "ported"), (theirs, "pristine")):
@@ -388,10 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--summary", help="write the one-line counts here")
     s = sub.add_parser("_pytest", help="internal: one recorded pytest session in the current directory")
     s.add_argument("--results", required=True)
-    s.add_argument("--alias", action="store_true")
     ns = p.parse_args(argv)
     if ns.cmd == "_pytest":
-        return run_session(Path(ns.results), ns.alias, pytest_args)
+        return run_session(Path(ns.results), pytest_args)
     if ns.cmd == "copy-tree":
         src = Path(ns.src).resolve()
         say(f"copied {copy_tree(src, Path(ns.dst))} entries of {src} to {ns.dst}")

@@ -2,7 +2,9 @@
 
 Every path here is relative to this repository's root and lands at the same path in upstream's tree,
 except ``slime/utils/tcod_arguments.py``, whose two functions ``port.py`` splices into upstream's
-``slime/utils/arguments.py``. Everything else in this repository is the standalone runtime.
+``slime/utils/arguments.py`` (a nested group and an inline validation block). ``port.py`` also adds a
+two-line getter to upstream's ``slime/rollout/sample_hooks.py``. Everything else in this repository is the
+standalone runtime; ``tools/slime_pr/PR.md`` is the PR's description, not one of its files.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ EXAMPLE_FILES = (
     "examples/multi_turn_tcod/multi_turn_tcod_config.yaml",
     "examples/multi_turn_tcod/rollout.py",
     "examples/multi_turn_tcod/chat_layout.py",
-    "examples/multi_turn_tcod/env_adapter.py",
     "examples/multi_turn_tcod/metrics.py",
     "examples/multi_turn_tcod/envs/__init__.py",
     "examples/multi_turn_tcod/envs/common.py",

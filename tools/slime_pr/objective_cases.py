@@ -12,8 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 CASES = (
     # name, n_samples_per_prompt, rollout_batch_size, student log-probs from the rollout, opd_kl_coef
     ("grpo_n1_rollout_logprobs", 1, 4, True, 1.0),
+    ("grpo_n2_rollout_logprobs", 2, 3, True, 1.0),  # the GPU e2e test's --n-samples-per-prompt
     ("grpo_n4_rollout_logprobs", 4, 2, True, 1.0),
     ("grpo_n1_recomputed", 1, 4, False, 0.5),
+    ("grpo_n2_recomputed", 2, 3, False, 0.5),
     ("grpo_n4_recomputed", 4, 2, False, 0.5),
 )
 TASK_REWARDS = (1.0, 0.0, 0.5, -0.5, 2.0, 0.25, 1.0, -1.0)
@@ -23,6 +25,14 @@ TASK_REWARDS = (1.0, 0.0, 0.5, -0.5, 2.0, 0.25, 1.0, -1.0)
 def teacher_log_prob(token: int, position: int) -> float:
     """The fake teacher's log-prob of ``token`` at ``position`` (deterministic, in [-4.01, -0.01])."""
     return -0.01 - ((token * 2654435761 + position * 40503) % 1000) / 250.0
+
+
+def teacher_response_log_probs(sample: dict) -> list[float]:
+    """The fake teacher's log-probs of ``sample``'s response tokens: what the SGLang teacher returns for them
+    (upstream's OPD hook keeps the last ``response_length`` input log-probs) and what a Megatron teacher's
+    forward stores as ``teacher_log_probs``."""
+    tokens, n = sample["tokens"], sample["response_length"]
+    return [teacher_log_prob(tokens[p], p) for p in range(len(tokens) - n, len(tokens))]
 
 
 def build_samples(n_samples_per_prompt: int, rollout_batch_size: int, seed: int) -> list[dict]:

@@ -3,10 +3,13 @@
     python tools/slime_pr/port.py SLIME_DIR [--dry-run] [--no-commit]
 
 * copies the PR's files (``manifest.COPIED_FILES``) to the same paths in SLIME_DIR;
-* splices ``add_tcod_arguments`` and ``validate_tcod_args`` (from this repository's
-  ``slime/utils/tcod_arguments.py``) into upstream's ``slime/utils/arguments.py``: registered right after
-  the on-policy-distillation group, validated in ``slime_validate_args`` right after the
-  ``--custom-config-path`` YAML is applied;
+* splices this repository's ``slime/utils/tcod_arguments.py`` into upstream's ``slime/utils/arguments.py``
+  in upstream's own conventions: ``add_tcod_arguments`` becomes a group nested in
+  ``get_slime_extra_args_provider`` right after the on-policy-distillation group (and registered after it),
+  the body of ``validate_tcod_args`` an inline ``if`` block of ``slime_validate_args`` right after the
+  ``--custom-config-path`` YAML is applied (it sets ``max_turns``);
+* adds the public ``get_current_rollout_id()`` beside upstream's ``set_current_rollout_id`` in
+  ``slime/rollout/sample_hooks.py`` (the agent loop reads the curriculum's step there);
 * adds the docs page to both ``index.rst`` toctrees, the example to ``examples/README.md`` and the GPU
   test to ``.github/workflows/pr-test.yml.j2`` (``pr-test.yml`` re-rendered by upstream's generator).
 
@@ -30,10 +33,21 @@ from tools.slime_pr import manifest  # noqa: E402
 from tools.slime_pr import pr_test_entry  # noqa: E402
 
 ARGS = "slime/utils/arguments.py"
+# The --tcod-* group goes inside upstream's provider, beside its own nested groups, after the OPD group.
+PROVIDER, INNER, GROUP_AFTER = "get_slime_extra_args_provider", "add_slime_arguments", "add_on_policy_distillation_arguments"
+GROUP, VALIDATE = "add_tcod_arguments", "validate_tcod_args"  # the two functions of manifest.ARGUMENTS_SOURCE
+GROUP_INDENT = " " * 8  # a top-level def of tcod_arguments.py becomes a def nested in add_slime_arguments
 REGISTER_ANCHOR = "        parser = add_on_policy_distillation_arguments(parser)\n"
 REGISTER_LINE = "        parser = add_tcod_arguments(parser)\n"
-VALIDATE_LINE = "    validate_tcod_args(args)\n"
-SPLICED = ("add_tcod_arguments", "TCOD_ROLLOUT_FUNCTION_PATH", "validate_tcod_args")
+VALIDATE_FLAG = "use_tcod"  # the inlined block is the top-level `if` of slime_validate_args that tests it
+# Upstream keeps the current rollout id (set by RolloutManager) but has no public getter for it.
+SAMPLE_HOOKS = "slime/rollout/sample_hooks.py"
+GETTER_ANCHOR = (
+    "def set_current_rollout_id(rollout_id: int | None) -> None:\n"
+    "    global _current_rollout_id\n"
+    "    _current_rollout_id = rollout_id\n"
+)
+GETTER = "\n\ndef get_current_rollout_id() -> int | None:\n    return _current_rollout_id\n"
 DOC_ANCHOR = "   advanced/on-policy-distillation.md\n"
 DOC_LINE = "   advanced/multi-turn-tcod.md\n"
 EXAMPLES_README = "examples/README.md"
@@ -46,10 +60,14 @@ EXAMPLES_LINE = (
 # What the PR relies on in upstream's tree: (file, text that must be there, why).
 EXPECTED = (
     (ARGS, "def get_slime_extra_args_provider(", "the argument groups"),
+    (ARGS, f"        def {GROUP_AFTER}(parser):", "the nested group the --tcod-* group follows"),
     (ARGS, REGISTER_ANCHOR.strip(), "where the --tcod-* group is registered"),
     (ARGS, "def slime_validate_args(args):", "where the --tcod-* flags are validated"),
     (ARGS, "if args.custom_config_path:", "the YAML that sets max_turns before validation"),
-    ("slime/rollout/sglang_rollout.py", "def generate_rollout(", "the rollout function TCOD wraps"),
+    (SAMPLE_HOOKS, GETTER_ANCHOR, "the current rollout id, which the curriculum reads"),
+    ("slime/ray/rollout.py", "set_current_rollout_id(rollout_id)", "RolloutManager sets the current rollout id"),
+    ("slime/rollout/sglang_rollout.py", "def generate_rollout(", "the default rollout that calls the agent loop"),
+    ("slime/rollout/sglang_rollout.py", "class GenerateState", "the agent loop's tokenizer and abort state"),
     ("slime/rollout/sglang_rollout.py", "if sample.reward is None:", "the reward model runs only for reward None"),
     ("slime/rollout/on_policy_distillation.py", "def post_process_rewards(", "upstream's OPD hooks"),
     ("slime/observability/rollout_metrics.py", "custom_rollout_log_function_path", "the rollout-log hook"),
@@ -67,8 +85,8 @@ EXPECTED = (
 # names their top folder.
 COMMITS = (
     (
-        "[TCOD] Add --tcod-* arguments and the temporal-curriculum rollout function",
-        [ARGS, *manifest.CORE_FILES],
+        "[TCOD] Add --tcod-* arguments, the temporal-curriculum schedule and get_current_rollout_id()",
+        [ARGS, SAMPLE_HOOKS, *manifest.CORE_FILES],
     ),
     (
         "[TCOD] Add examples/multi_turn_tcod: multi-turn agent rollout with TCOD's curriculum",
@@ -100,68 +118,84 @@ def check_tree(slime_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- arguments.py
-def _spliced_source() -> str:
-    """The two functions (and their constant) from this repository's tcod_arguments.py, as text."""
+def _function(body, name: str):
+    return next((n for n in body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _has_docstring(node) -> bool:
+    first = node.body[0]
+    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+
+
+def spliced_text() -> tuple[list[str], list[str]]:
+    """(the nested group's lines, the validation block's lines), from this repository's tcod_arguments.py."""
     source = (manifest.REPO / manifest.ARGUMENTS_SOURCE).read_text()
     lines = source.splitlines(keepends=True)
-    parts = []
-    for node in ast.parse(source).body:
-        name = getattr(node, "name", None) or (isinstance(node, ast.Assign) and node.targets[0].id)
-        if name in SPLICED:
-            parts.append("".join(lines[node.lineno - 1 : node.end_lineno]))
-    if len(parts) != len(SPLICED):
-        raise PortError(f"{manifest.ARGUMENTS_SOURCE} must define {', '.join(SPLICED)}")
-    return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
-
-
-def _top_level(source: str, name: str):
-    for node in ast.parse(source).body:
-        if getattr(node, "name", None) == name:
-            return node
-    return None
-
-
-def _offset(source: str, line: int) -> int:
-    """Index in ``source`` of the start of 1-based line ``line``."""
-    return sum(len(x) for x in source.splitlines(keepends=True)[: line - 1])
-
-
-def _remove_spliced(source: str) -> str:
-    """Upstream's arguments.py without a previous splice (so a newer one replaces it)."""
     tree = ast.parse(source)
-    nodes = [
-        n
-        for n in tree.body
-        if getattr(n, "name", None) in SPLICED
-        or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) in SPLICED)
-    ]
-    if not nodes:
-        return source
-    start, end = _offset(source, nodes[0].lineno), _offset(source, nodes[-1].end_lineno + 1)
-    return source[:start] + source[end:].lstrip("\n")
+    group, validate = _function(tree.body, GROUP), _function(tree.body, VALIDATE)
+    if group is None or validate is None:
+        raise PortError(f"{manifest.ARGUMENTS_SOURCE} must define {GROUP}(parser) and {VALIDATE}(args)")
+    group_lines = [GROUP_INDENT + x if x.strip() else x for x in lines[group.lineno - 1 : group.end_lineno]]
+    # The body after the docstring, comments included; it is already at slime_validate_args' indentation.
+    start = validate.body[0].end_lineno if _has_docstring(validate) else validate.lineno
+    return group_lines, lines[start : validate.end_lineno]
+
+
+def _anchors(source: str):
+    """(nested OPD group, `if args.custom_config_path:` block, slime_validate_args) nodes of upstream's file."""
+    tree = ast.parse(source)
+    provider = _function(tree.body, PROVIDER)
+    inner = provider and _function(provider.body, INNER)
+    after = inner and _function(inner.body, GROUP_AFTER)
+    if after is None:
+        raise PortError(f"{ARGS}: no {GROUP_AFTER} nested in {PROVIDER}().{INNER}()")
+    validate = _function(tree.body, "slime_validate_args")
+    block = validate and next(
+        (n for n in validate.body if isinstance(n, ast.If) and "custom_config_path" in ast.unparse(n.test)), None
+    )
+    if block is None:
+        raise PortError(f"{ARGS}: slime_validate_args has no top-level `if args.custom_config_path:` block")
+    return inner, after, block, validate
+
+
+def remove_splice(source: str) -> str:
+    """Upstream's arguments.py without a previous splice, so a newer one replaces it and a rerun changes nothing."""
+    inner, _, _, validate = _anchors(source)
+    lines = source.splitlines(keepends=True)
+    drop: set[int] = set()  # 0-based line indices
+    group = _function(inner.body, GROUP)
+    if group is not None:  # the def and the blank line the splice put before it
+        drop.update(range(group.lineno - 2, group.end_lineno))
+    block = next((n for n in validate.body if isinstance(n, ast.If) and VALIDATE_FLAG in ast.unparse(n.test)), None)
+    if block is not None:  # the block, its comment lines and the blank line before them
+        start = block.lineno - 1
+        while lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        drop.update(range(start - 1, block.end_lineno))
+    drop.update(i for i, line in enumerate(lines) if line == REGISTER_LINE)
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
 
 
 def edit_arguments(source: str) -> str:
-    source = _remove_spliced(source)
-    provider = _top_level(source, "get_slime_extra_args_provider")
-    if provider is None:
-        raise PortError(f"{ARGS} has no top-level get_slime_extra_args_provider()")
-    at = _offset(source, provider.lineno)
-    source = source[:at] + _spliced_source() + "\n\n" + source[at:]
-    if REGISTER_LINE not in source:
-        source = source.replace(REGISTER_ANCHOR, REGISTER_ANCHOR + REGISTER_LINE, 1)
-    if VALIDATE_LINE not in source:
-        validate = _top_level(source, "slime_validate_args")
-        block = next(
-            (n for n in validate.body if isinstance(n, ast.If) and "custom_config_path" in ast.unparse(n.test)),
-            None,
-        )
-        if block is None:
-            raise PortError(f"{ARGS}: slime_validate_args has no top-level `if args.custom_config_path:` block")
-        at = _offset(source, block.end_lineno + 1)
-        source = source[:at] + "\n" + VALIDATE_LINE + source[at:]
+    source = remove_splice(source)
+    _, after, block, _ = _anchors(source)
+    group_lines, validate_lines = spliced_text()
+    lines = source.splitlines(keepends=True)
+    register = lines.index(REGISTER_ANCHOR) + 1
+    # Bottom-up, so that each insertion leaves the earlier line numbers valid.
+    edits = sorted([(block.end_lineno, ["\n", *validate_lines]), (register, [REGISTER_LINE]),
+                    (after.end_lineno, ["\n", *group_lines])], reverse=True)
+    for at, new in edits:
+        lines[at:at] = new
+    source = "".join(lines)
     ast.parse(source)  # never write a file that does not parse
     return source
+
+
+def edit_sample_hooks(source: str) -> str:
+    if "def get_current_rollout_id(" in source:
+        return source
+    return source.replace(GETTER_ANCHOR, GETTER_ANCHOR + GETTER, 1)
 
 
 def _insert_after(source: str, anchor: str, line: str) -> str:
@@ -179,6 +213,7 @@ def planned_files(slime_dir: Path) -> dict[str, bytes]:
     for rel in manifest.COPIED_FILES:
         new[rel] = (manifest.REPO / rel).read_bytes()
     new[ARGS] = edit_arguments((slime_dir / ARGS).read_text()).encode()
+    new[SAMPLE_HOOKS] = edit_sample_hooks((slime_dir / SAMPLE_HOOKS).read_text()).encode()
     for index in ("docs/en/index.rst", "docs/zh/index.rst"):
         new[index] = _insert_after((slime_dir / index).read_text(), DOC_ANCHOR, DOC_LINE).encode()
     examples = (slime_dir / EXAMPLES_README).read_text()

@@ -6,10 +6,12 @@ PORTED_SLIME_DIR is an upstream THUDM/slime tree after ``port.py``. This process
 that tree only (ray, sglang and sglang_router are stubbed, as upstream's CPU tests stub them; nothing
 GPU-side runs). The student and the teacher are tiny models served by this project's ``hf_engine``
 (separate processes started from this repository), the student engine also standing in for the
-router. The run goes through upstream's parser (with the port's flags), upstream's data source,
-``slime.rollout.tcod.generate_rollout`` wrapping upstream's ``generate_rollout`` ->
-``generate_and_rm`` -> the agent loop -> upstream's ``async_rm`` -> the OPD teacher, then the reward
-post-processing hook as upstream's RolloutManager calls it. Checked, for TCOD F2B and B2F:
+router. The run goes through upstream's parser (with the port's flags), upstream's data source, the
+current rollout id set with upstream's ``set_current_rollout_id`` (as ``RolloutManager.generate`` does),
+upstream's default ``generate_rollout`` -> ``generate_and_rm`` -> the agent loop
+(``--custom-generate-function-path``) on gridnav (``examples.multi_turn_tcod.envs.gridnav``) -> upstream's
+``async_rm`` -> the OPD teacher, then the reward post-processing hook as upstream's RolloutManager calls it.
+Checked, for TCOD F2B and B2F with ``--opd-type sglang``:
 
 * the curriculum depth of each step and the B2F prefix (``max(0, L_exp - k(n))`` expert turns in the
   prompt, nothing of it trained);
@@ -18,8 +20,12 @@ post-processing hook as upstream's RolloutManager calls it. Checked, for TCOD F2
 * the trained-token layout: ``loss_mask`` covers exactly the student turns, removed samples
   (``remove_sample``) are never trained, every reward handed to the estimator is 0 (pure OPD);
 * the rollout-log hook (``examples.multi_turn_tcod.metrics``) logs the step's depth and per-turn KL;
-* flag validation through upstream's ``slime_validate_args`` (including the ``--custom-config-path``
-  YAML) rejects TCOD without its rollout function.
+
+with ``--opd-type megatron`` (in-trainer teacher): the agent loop sets ``reward = 0.0`` and keeps the
+environment's return in ``metadata["task_reward"]``, and no teacher server is called; and the flags'
+validation through upstream's ``slime_validate_args`` (the ``--custom-config-path`` YAML included): the
+default rollout function passes, ``tcod_k_max`` defaults to ``max_turns``, and each broken rule is refused
+naming its flag.
 
 Prints one line per check and exits 1 if any failed.
 """
@@ -148,9 +154,11 @@ def validate_through_upstream(args) -> str | None:
 # ---------------------------------------------------------------------------- the run
 def rollout(args, rollout_id: int, data_source):
     from slime.rollout.base_types import call_rollout_fn
+    from slime.rollout.sample_hooks import set_current_rollout_id
     from slime.rollout.sglang_rollout import GenerateState
     from slime.utils.misc import load_function
 
+    set_current_rollout_id(rollout_id)  # what RolloutManager.generate does before calling the rollout function
     fn = load_function(args.rollout_function_path)
     output = call_rollout_fn(fn, args, rollout_id, data_source, evaluation=False)
     GenerateState(args).reset()
@@ -233,7 +241,8 @@ def main(argv=None) -> int:
     runtime("-c", make, str(work / "teacher"), "11")
     data = work / "tasks.jsonl"
     subprocess.run([sys.executable, "-m", "examples.multi_turn_tcod.envs.make_data", "--env", "gridnav", "--n", "6",
-                    "--seed", "0", "--size", "5", "--min-len", "3", "--max-len", "5", "--out", str(data)],
+                    "--seed", "0", "--size", "5", "--min-len", "3", "--max-len", "5", "--shaping", "0.25",
+                    "--out", str(data)],
                    cwd=slime_dir, check=True, env={**os.environ, "PYTHONPATH": str(slime_dir)})
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     # Two tasks that must never train: one whose environment cannot be built (size 0), and one whose
@@ -277,38 +286,54 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
     from slime.utils.http_utils import init_http_client
 
     teacher_model = AutoModelForCausalLM.from_pretrained(work / "teacher", dtype=torch.float32).eval()
-    common = ["--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--prompt-data", str(data),
-              "--input-key", "input", "--label-key", "label", "--metadata-key", "metadata",
-              "--rollout-max-response-len", "160", "--rollout-temperature", "1.0", "--num-rollout", "4",
-              "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
-              "--custom-rollout-log-function-path", "examples.multi_turn_tcod.metrics.log_rollout_data",
-              "--use-opd", "--opd-type", "sglang", "--rm-url", f"{teacher_url}/generate",
-              "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
-              "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
-              "--use-tcod", "--tcod-eta", "2"]
+    base = ["--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--prompt-data", str(data),
+            "--input-key", "input", "--label-key", "label", "--metadata-key", "metadata",
+            "--rollout-max-response-len", "160", "--rollout-temperature", "1.0", "--num-rollout", "4",
+            "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
+            "--custom-rollout-log-function-path", "examples.multi_turn_tcod.metrics.log_rollout_data"]
+    server_opd = ["--use-opd", "--opd-type", "sglang", "--rm-url", f"{teacher_url}/generate",
+                  "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
+                  "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards"]
+    tcod = ["--use-tcod", "--tcod-eta", "2"]
+
+    def yaml_config(name: str, extra: str = "") -> list[str]:
+        path = work / f"{name}.yaml"
+        path.write_text("max_turns: 6\nmax_turn_response_len: 6\n"
+                        "rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav\n" + extra)
+        return ["--custom-config-path", str(path)]
+
+    def parsed(argv):
+        return upstream_args(argv, student_port, work / "student")
 
     # Flags: registered by the port, validated by upstream's slime_validate_args (YAML config included).
-    multi_turn = "max_turns: 6\nmax_turn_response_len: 6\nrollout_interaction_env_path: examples.multi_turn_tcod.envs\n"
-    (work / "multi_turn.yaml").write_text(multi_turn)
-    args = upstream_args(common + ["--tcod-mode", "f2b", "--custom-config-path", str(work / "multi_turn.yaml")],
-                         student_port, work / "student")
-    error = validate_through_upstream(args)
-    check(error is not None and "--rollout-function-path slime.rollout.tcod.generate_rollout" in error,
-          "upstream's slime_validate_args rejects --use-tcod with the default rollout function")
-    config = work / "tcod.yaml"
-    config.write_text(multi_turn + "rollout_function_path: slime.rollout.tcod.generate_rollout\ntcod_k_max: 4\n")
-    args = upstream_args(common + ["--tcod-mode", "f2b", "--custom-config-path", str(config)], student_port,
-                         work / "student")
+    args = parsed(base + server_opd + tcod + yaml_config("multi_turn"))
     error = validate_through_upstream(args)
     if error is not None:
         print(f"      upstream validation said: {error}")
+    check(error is None and args.rollout_function_path == "slime.rollout.sglang_rollout.generate_rollout"
+          and (args.tcod_mode, args.tcod_k_start, args.tcod_k_max) == ("f2b", 1, 6),
+          "upstream's slime_validate_args passes TCOD with the default rollout function; defaults f2b, "
+          "k_start 1, k_max = the YAML's max_turns")
+    refused = [
+        (base + server_opd + ["--use-tcod"] + yaml_config("multi_turn"), "--tcod-eta", "no --tcod-eta"),
+        (base + server_opd + tcod, "max_turns", "no max_turns (no YAML)"),
+        (base + tcod + yaml_config("multi_turn"), "--use-opd", "no --use-opd"),
+        (base + server_opd + tcod + yaml_config("too_deep", "tcod_k_max: 7\n"), "--tcod-k-max", "k_max > max_turns"),
+        (base + server_opd + ["--tcod-eta", "2"] + yaml_config("multi_turn"), "--use-tcod", "--tcod-eta alone"),
+    ]
+    for argv, flag, what in refused:
+        error = validate_through_upstream(parsed(argv))
+        check(error is not None and error.startswith("ValueError") and flag in error,
+              f"upstream's slime_validate_args refuses {what}, naming {flag} ({error})")
+    config = yaml_config("tcod", "tcod_k_max: 4\n")
+    args = parsed(base + server_opd + tcod + ["--tcod-mode", "f2b"] + config)
+    error = validate_through_upstream(args)
     check(error is None and args.tcod_k_max == 4, "a --custom-config-path YAML sets the TCOD flags and passes")
 
     print(f"      (Megatron / pre-parser attributes set to None for upstream's validation: {sorted(FILLED)})")
     init_http_client(args)
     for mode in ("f2b", "b2f"):
-        args = upstream_args(common + ["--tcod-mode", mode, "--custom-config-path", str(config)], student_port,
-                             work / "student")
+        args = parsed(base + server_opd + tcod + ["--tcod-mode", mode] + config)
         validate_through_upstream(args)
         GenerateState.clear_instances()  # upstream's singleton holds the args it was made with
         data_source = RolloutDataSourceWithBuffer(args)
@@ -317,6 +342,27 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
             samples = rollout(args, step, data_source)
             calls = server_info(teacher_url)["generate_requests"] - before
             check_step(args, mode, step, samples, teacher_model, expert_len, calls)
+
+    # --opd-type megatron: the teacher runs in the trainer, so the rollout hands GRPO a reward of 0.0. B2F,
+    # because its replayed expert steps earn the tasks' shaping reward: the environment returns are not 0.
+    (work / "teacher_torch_dist").mkdir(exist_ok=True)
+    megatron_opd = ["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(work / "teacher_torch_dist")]
+    args = parsed(base + megatron_opd + tcod + ["--tcod-mode", "b2f"] + config)
+    error = validate_through_upstream(args)
+    check(error is None, f"upstream's slime_validate_args passes TCOD with --opd-type megatron ({error})")
+    GenerateState.clear_instances()
+    data_source = RolloutDataSourceWithBuffer(args)
+    for step in (0, 2):
+        before = server_info(teacher_url)["generate_requests"]
+        samples = rollout(args, step, data_source)
+        calls = server_info(teacher_url)["generate_requests"] - before
+        tag = f"megatron b2f step {step}"
+        check(calls == 0 and all(s.teacher_log_probs is None for s in samples),
+              f"{tag}: no teacher server call, no teacher log-probs at rollout time ({calls} calls)")
+        returns = sorted({float(s.metadata["task_reward"]) for s in samples})
+        check(all(s.reward == 0.0 for s in samples) and any(returns),
+              f"{tag}: the agent loop sets reward 0.0 on all {len(samples)} samples (environment returns {returns} "
+              "kept in metadata['task_reward'])")
 
     failed = [what for ok, what in RESULTS if not ok]
     print(f"smoke.py: {len(RESULTS) - len(failed)} passed, {len(failed)} failed", flush=True)

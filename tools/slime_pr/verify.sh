@@ -9,13 +9,17 @@
 #      change nothing (tree checksum before/after);
 #   2. PYTHON made able to import what upstream's CPU tests import (missing light packages pip-installed
 #      into PYTHON, said so; never ray/sglang/torch);
-#   3. upstream's tests/test_sample.py, tests/test_rollout_metrics.py and tests/plugin_contracts/ run on
+#   3. upstream's tests/test_sample.py, tests/test_rollout_metrics.py, tests/test_megatron_argument_validation.py
+#      (slime_validate_args, which the PR edits) and tests/plugin_contracts/ run on
 #      ported/ with SLIME_CONTRACT_* pointed at this contribution's hooks, and on pristine/ with upstream's
 #      own counterpart hooks; each test classified PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the
 #      rules);
 #   4. tools/slime_pr/smoke.py ported/, if that script exists;
-#   5. verify_pr.py (size, upstream's linters, the PR's CPU tests, links), verify_objective.py (same
-#      advantages upstream and here) and, with MEGATRON_LM_DIR set, check_launch_flags.py.
+#   5. verify_pr.py: the caps (the example's Python <= 1,000 lines, <= 150 lines added under slime/, the
+#      whole PR <= 2,500 added lines), no PR line naming this repository's runtime (file:line per hit),
+#      upstream's linters, the PR's CPU tests, links; verify_objective.py (both teacher modes train pure
+#      OPD through upstream's reward post-processing and advantages, as this runtime does) and, with
+#      MEGATRON_LM_DIR set, check_launch_flags.py.
 # Exit status 0 only if every step passed (no FAIL-OURS, no other test failure, smoke ok).
 #
 # Environment:
@@ -210,10 +214,13 @@ fi
 # ---- 5. the PR as a maintainer reads it, and the objective it trains ----------------------------------
 step "the PR: size, upstream's linters, its CPU tests, its links"
 PR_RC=0
-"$PYTHON" "$HERE/verify_pr.py" "$TMP/pristine" "$TMP/ported" || PR_RC=$?
+"$PYTHON" "$HERE/verify_pr.py" "$TMP/pristine" "$TMP/ported" | tee "$TMP/verify_pr.log" || PR_RC=${PIPESTATUS[0]}
 PR_CHECKS="$([[ $PR_RC -eq 0 ]] && echo ok || echo FAILED)"
+# The caps' counts go into the summary line (verify_pr.py prints them last but one).
+COUNTS="$(sed -n 's/^verify_pr.py counts: //p' "$TMP/verify_pr.log")"
+[[ -z "$COUNTS" ]] || PR_CHECKS="$PR_CHECKS ($COUNTS)"
 
-step "same objective: upstream's advantages equal this runtime's (pure OPD)"
+step "same objective: both teacher modes train pure OPD, upstream and here"
 OBJECTIVE_RC=0
 "$PYTHON" "$HERE/verify_objective.py" "$TMP/ported" || OBJECTIVE_RC=$?
 OBJECTIVE="$([[ $OBJECTIVE_RC -eq 0 ]] && echo ok || echo FAILED)"

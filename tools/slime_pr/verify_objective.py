@@ -1,24 +1,35 @@
-"""Upstream slime and this runtime give the same per-token advantages for a server-teacher OPD run.
+"""Both teacher modes train pure OPD, in upstream slime as in this runtime: the same per-token advantages.
 
     python tools/slime_pr/verify_objective.py PORTED_OR_PRISTINE_SLIME_DIR
 
-Default TCOD / OPD objective: pure OPD, the post-process hook hands the estimator 0.0 per sample whatever
-the environment returned, so the advantage is the teacher term ``-opd_kl_coef * (student - teacher)``.
-The same multi-turn-like samples (observations masked, nonzero ``metadata["task_reward"]``) go through
+The TCOD / OPD objective is pure OPD: the estimator gets a reward of 0.0 per sample whatever the
+environment returned (kept in ``metadata["task_reward"]``), so the advantage is the teacher term
+``-opd_kl_coef * (student - teacher)``. The agent loop gets there in both teacher modes:
+
+* ``--opd-type sglang``: it leaves ``sample.reward`` None, upstream's OPD ``reward_func`` stores the
+  teacher server's reply and its ``post_process_rewards`` returns 0.0;
+* ``--opd-type megatron``: it sets ``sample.reward = 0.0`` (no reward model, no hook), so upstream's own
+  GRPO group normalisation hands 0.0 on even when ``--n-samples-per-prompt`` > 1, where a group of
+  environment returns would otherwise be trained; the teacher log-probs come from the trainer's forward.
+
+The same multi-turn-like samples (observations masked, nonzero environment returns) go through
 
 * upstream, in a subprocess importing slime only from the given tree: ``rm_hub.async_rm`` (its OPD
-  ``reward_func`` against a local fake teacher answering like SGLang's ``/generate``), the
-  ``RolloutManager``'s ``_convert_samples_to_train_data`` and ``_split_train_data_by_dp``, the Megatron
-  actor's ``_get_rollout_data``, ``compute_advantages_and_returns``. ``STUBBED_PACKAGES`` are stubbed
-  for import-time references (``megatron.core.mpu``: one rank, one stage), the accelerator answers
-  ``cpu``, and given "recomputed" log-probs stand in for the Megatron log-prob forward;
-* this runtime: ``assign_rewards``, ``select_trainable``, ``RolloutTrainer.train`` (scoring given, the
-  optimiser step skipped).
+  ``reward_func`` against a local fake teacher answering like SGLang's ``/generate``) where the reward is
+  None, the ``RolloutManager``'s ``_convert_samples_to_train_data`` (its reward post-processing) and
+  ``_split_train_data_by_dp``, the Megatron actor's ``_get_rollout_data``, ``compute_advantages_and_returns``.
+  ``STUBBED_PACKAGES`` are stubbed for import-time references (``megatron.core.mpu``: one rank, one
+  stage), the accelerator answers ``cpu``, and given "recomputed" log-probs (and, for ``megatron``, the
+  fake teacher's scores) stand in for the Megatron log-prob forwards;
+* this runtime (``--opd-type sglang``): ``assign_rewards``, ``select_trainable``, ``RolloutTrainer.train``
+  (scoring given, the optimiser step skipped).
 
-Checked per case (grpo; n_samples_per_prompt 1 and 4; student log-probs from the rollout or recomputed),
-to 1e-6: the hook's rewards (0), teacher log-probs, advantages of every response token, the OPD reverse KL
-kept for logging; and identical teacher requests. Negative control: upstream with a hook returning the
-environment's return (the old port) must differ. ``INFO`` lines are not checked. Exits 1 on a failure.
+Checked per case (grpo; n_samples_per_prompt 1, 2 and 4; student log-probs from the rollout or recomputed),
+to 1e-6: the rewards handed to the estimator (0), teacher log-probs, advantages of every response token
+(upstream's sglang mode = this runtime = upstream's megatron mode = the closed form), the OPD reverse KL
+kept for logging; and identical teacher requests. Negative controls: upstream with a hook returning the
+environment's return (the old port), and megatron mode with the return as ``sample.reward`` (the old agent
+loop), must differ. ``INFO`` lines are not checked. Exits 1 on a failure.
 """
 
 from __future__ import annotations
@@ -53,23 +64,33 @@ OPD_HOOKS = "slime.rollout.on_policy_distillation"
 # return as the reward (the old port's behaviour).
 TASK_REWARD_HOOK = "_verify_objective_hooks.post_process_task_reward"
 
-from tools.slime_pr.objective_cases import CASES, TeacherServer, build_spec, teacher_log_prob  # noqa: E402, F401
+# --opd-type megatron runs only parsed here: the teacher checkpoint is never validated nor loaded.
+MEGATRON_TEACHER = "/nonexistent/teacher_torch_dist"
+
+from tools.slime_pr.objective_cases import (  # noqa: E402, F401
+    CASES,
+    TeacherServer,
+    build_spec,
+    teacher_log_prob,
+    teacher_response_log_probs,
+)
 
 
-def common_flags(case: dict, teacher_url: str, hook: str) -> list[str]:
-    """slime's flags of a server-teacher OPD run (the same names upstream and here)."""
+def common_flags(case: dict, teacher_url: str, hook: str | None, opd_type: str = "sglang") -> list[str]:
+    """slime's flags of an OPD run (the same names upstream and here); ``megatron``: an in-trainer teacher,
+    no reward model and upstream's own reward post-processing (``hook`` unused)."""
+    if opd_type == "sglang":
+        teacher = ["--rm-url", teacher_url, "--custom-rm-path", f"{OPD_HOOKS}.reward_func"]
+        teacher += ["--custom-reward-post-process-path", hook]
+    else:
+        teacher = ["--opd-teacher-load", MEGATRON_TEACHER]
     flags = [
         "--use-opd",
         "--opd-type",
-        "sglang",
+        opd_type,
         "--opd-kl-coef",
         str(case["opd_kl_coef"]),
-        "--rm-url",
-        teacher_url,
-        "--custom-rm-path",
-        f"{OPD_HOOKS}.reward_func",
-        "--custom-reward-post-process-path",
-        hook,
+        *teacher,
         "--advantage-estimator",
         "grpo",
         "--n-samples-per-prompt",
@@ -93,8 +114,11 @@ def _install_task_reward_hook(opd_module) -> None:
     sys.modules[module.__name__] = module
 
 
-def _samples(case: dict, sample_cls) -> list:
-    """The case's samples as ``sample_cls`` (upstream's or this runtime's ``Sample``, same fields)."""
+def _samples(case: dict, sample_cls, reward: str | None = None) -> list:
+    """The case's samples as ``sample_cls`` (upstream's or this runtime's ``Sample``, same fields), their
+    ``reward`` None (``--opd-type sglang``: the teacher's reward model fills it), ``"zero"`` (what the agent
+    loop sets with ``--opd-type megatron``) or ``"task"`` (the environment's return: the old agent loop)."""
+    rewards = {None: lambda s: None, "zero": lambda s: 0.0, "task": lambda s: float(s["task_reward"])}[reward]
     return [
         sample_cls(
             index=s["index"],
@@ -107,6 +131,7 @@ def _samples(case: dict, sample_cls) -> list:
             rollout_log_probs=list(s["rollout_log_probs"]),
             status=sample_cls.Status.TRUNCATED if s["truncated"] else sample_cls.Status.COMPLETED,
             metadata={"task_reward": s["task_reward"]},
+            reward=rewards(s),
         )
         for s in case["samples"]
     ]
@@ -141,11 +166,12 @@ def _install_upstream_stubs() -> None:
     sys.modules["megatron.core.mpu"] = megatron.core.mpu = mpu
 
 
-def _upstream_args(case: dict, teacher_url: str, hook: str, normalize: bool):
+def _upstream_args(case: dict, teacher_url: str, hook: str | None, normalize: bool, opd_type: str):
     from slime.utils.arguments import get_slime_extra_args_provider
 
     parser = get_slime_extra_args_provider()(argparse.ArgumentParser(allow_abbrev=False))
-    args = parser.parse_args(common_flags(case, teacher_url, hook) + (["--normalize-advantages"] if normalize else []))
+    flags = common_flags(case, teacher_url, hook, opd_type) + (["--normalize-advantages"] if normalize else [])
+    args = parser.parse_args(flags)
     n_samples = case["n_samples_per_prompt"] * case["rollout_batch_size"]
     # Megatron's parser would set these; one training step holds every sample (rollout) of the batch.
     args.global_batch_size = n_samples
@@ -155,7 +181,9 @@ def _upstream_args(case: dict, teacher_url: str, hook: str, normalize: bool):
     return args
 
 
-def _upstream_run(case: dict, teacher_url: str, hook: str, normalize: bool = False) -> dict:
+def _upstream_run(
+    case: dict, teacher_url: str, hook: str | None, normalize: bool = False, opd_type: str = "sglang", reward=None
+) -> dict:
     import torch
 
     from slime.backends.megatron_utils import actor as megatron_actor
@@ -165,8 +193,8 @@ def _upstream_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fal
     from slime.utils.misc import load_function
     from slime.utils.types import Sample
 
-    args = _upstream_args(case, teacher_url, hook, normalize)
-    samples = _samples(case, Sample)
+    args = _upstream_args(case, teacher_url, hook, normalize, opd_type)
+    samples = _samples(case, Sample, reward)
 
     async def reward_all():  # generate_and_rm: the reward model runs where the generate function left None
         for sample in samples:
@@ -176,7 +204,8 @@ def _upstream_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fal
     asyncio.run(reward_all())
     manager = object.__new__(RolloutManager)  # only the reward / train-data methods are used
     manager.args = args
-    manager.custom_reward_post_process_func = load_function(args.custom_reward_post_process_path)
+    hook_path = args.custom_reward_post_process_path  # None with --opd-type megatron: upstream's own rules
+    manager.custom_reward_post_process_func = load_function(hook_path) if hook_path else None
     manager.custom_convert_samples_to_train_data_func = None
     manager.train_parallel_config = {
         "dp_size": 1,
@@ -190,6 +219,9 @@ def _upstream_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fal
     order = [samples[i] for i in rollout_data["partition"]]
     if not args.use_rollout_logprobs:  # what the actor's compute_log_prob forward would store
         rollout_data["log_probs"] = [torch.tensor(case["samples"][s.index]["recomputed_log_probs"]) for s in order]
+    if opd_type == "megatron":  # what the actor's teacher forward stores (compute_log_prob, prefix "teacher_")
+        scores = [teacher_response_log_probs(case["samples"][s.index]) for s in order]
+        rollout_data["teacher_log_probs"] = [torch.tensor(t, dtype=torch.float32) for t in scores]
     compute_advantages_and_returns(args, rollout_data)
     return {
         "rewards": {str(s.index): float(r) for s, r in zip(order, rollout_data["rewards"], strict=True)},
@@ -228,11 +260,18 @@ def upstream_side(tree: Path, spec: dict) -> dict:
         # Whitening all-reduces over the data-parallel group: a one-rank gloo group.
         dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
         for case in spec["cases"]:
-            out["cases"][case["name"]] = {
-                "pure": _upstream_run(case, spec["teacher_url"], f"{OPD_HOOKS}.post_process_rewards"),
-                "task": _upstream_run(case, spec["teacher_url"], TASK_REWARD_HOOK),
-                "pure_whitened": _upstream_run(case, spec["teacher_url"], f"{OPD_HOOKS}.post_process_rewards", True),
+            url, pure_hook = spec["teacher_url"], f"{OPD_HOOKS}.post_process_rewards"
+            runs = {
+                "pure": _upstream_run(case, url, pure_hook),
+                "task": _upstream_run(case, url, TASK_REWARD_HOOK),
+                "pure_whitened": _upstream_run(case, url, pure_hook, True),
             }
+            # GRPO normalises within groups: one sample per prompt has no std (upstream gives NaN), so the
+            # megatron mode runs where a group exists, as in the GPU e2e test (--n-samples-per-prompt 2).
+            if case["n_samples_per_prompt"] > 1:
+                runs["megatron_pure"] = _upstream_run(case, url, None, opd_type="megatron", reward="zero")
+                runs["megatron_task"] = _upstream_run(case, url, None, opd_type="megatron", reward="task")
+            out["cases"][case["name"]] = runs
         dist.destroy_process_group()
     out["stubbed_modules"] = sorted(n for n in sys.modules if n.split(".")[0] in STUBBED_PACKAGES)
     out["stubs_called"] = sorted(set(stubs.StubModule.used))
@@ -403,12 +442,59 @@ def compare(spec: dict, upstream: dict, runtime: dict, report: Report) -> None:
             "(upstream trains the raw returns: a custom post-process hook skips its group normalisation; this "
             "runtime's grpo centres (n=1: zeroes) and std-normalises them per group in the trainer)"
         )
+        closed = closed_form_advantages(case)
+        diff = max_abs_diff(up["adv"], closed)
+        report.check(diff <= TOL, f"[{name}] --opd-type sglang: advantages are -opd_kl_coef * (student - teacher), "
+                     f"max abs diff {diff:.3g}")
+        compare_megatron(case, upstream["cases"][name], closed, masks, report)
         up_w, rt_w = upstream["cases"][name]["pure_whitened"]["adv"], runtime["cases"][name]["pure_whitened"]["adv"]
         report.info(
             f"[{name}] with --normalize-advantages: max abs diff {max_abs_diff(up_w, rt_w, masks):.3g} on trained "
             f"tokens, {max_abs_diff(up_w, rt_w):.3g} on all tokens (upstream: unbiased variance, masked tokens "
             "whitened too; this runtime: population variance, masked tokens 0)"
         )
+
+
+def closed_form_advantages(case: dict) -> dict[str, list[float]]:
+    """Pure OPD's advantage of every response token, ``0 - opd_kl_coef * (student - teacher)``, in float32 as
+    upstream's ``apply_opd_kl_to_advantages`` computes it."""
+    import torch
+
+    out = {}
+    for s in case["samples"]:
+        student = s["rollout_log_probs"] if case["use_rollout_logprobs"] else s["recomputed_log_probs"]
+        student, teacher = torch.tensor(student), torch.tensor(teacher_response_log_probs(s), dtype=torch.float32)
+        out[str(s["index"])] = (torch.zeros_like(student) - case["opd_kl_coef"] * (student - teacher)).tolist()
+    return out
+
+
+def compare_megatron(case: dict, runs: dict, closed: dict, masks: dict, report: Report) -> None:
+    """``--opd-type megatron`` trains what ``--opd-type sglang`` trains (and the closed form); its control differs."""
+    name = case["name"]
+    if "megatron_pure" not in runs:
+        report.info(f"[{name}] --opd-type megatron not run: one sample per prompt, GRPO's group std is undefined")
+        return
+    mp, mt = runs["megatron_pure"], runs["megatron_task"]
+    returns = sorted({s["task_reward"] for s in case["samples"]})
+    report.check(
+        all(r == 0.0 for r in mp["rewards"].values()),
+        f"[{name}] --opd-type megatron: upstream's GRPO group normalisation hands 0.0 to the estimator for all "
+        f"{len(mp['rewards'])} samples (the agent loop's reward 0.0; environment returns {returns})",
+    )
+    diff = max(max_abs_diff(mp["adv"], runs["pure"]["adv"]), max_abs_diff(mp["adv"], closed))
+    report.check(
+        diff <= TOL,
+        f"[{name}] --opd-type megatron: the same advantages as --opd-type sglang and the closed form on every "
+        f"response token, max abs diff {diff:.3g}",
+    )
+    diff = max_abs_diff(mp["opd_kl"], runs["pure"]["opd_kl"])
+    report.check(diff <= TOL, f"[{name}] --opd-type megatron: OPD reverse KL as with sglang, max abs diff {diff:.3g}")
+    control = max_abs_diff(mt["adv"], mp["adv"], masks)
+    report.check(
+        control > 1e-3,
+        f"[{name}] negative control: --opd-type megatron with the environment's return as sample.reward trains "
+        f"its group-normalised value, differing by max abs {control:.3g} on trained tokens (must differ)",
+    )
 
 
 def _run_side(side: str, tree: Path | None, spec: dict, work: Path) -> dict:

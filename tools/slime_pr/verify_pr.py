@@ -1,17 +1,20 @@
-"""The PR read as a maintainer would: its size, upstream's linters, its own tests and links, in the ported tree.
+"""The PR read as a maintainer would: its size, its wording, upstream's linters, its own tests and links.
 
     python tools/slime_pr/verify_pr.py PRISTINE PORTED
 
-* size: lines added in all and under ``slime/`` (budget 2,500 / 400), upstream files replaced or losing lines;
+* caps (issue 30): the example's Python (``examples/multi_turn_tcod/**/*.py``) at most 1,000 lines, at most
+  150 lines added under ``slime/``, at most 2,500 added in all; no upstream file replaced or losing lines;
+* no line the PR adds names this repository's runtime (``RUNTIME_NAMES``), each hit reported as file:line;
 * upstream's pinned linters (``lint.py``, upstream's settings) on every Python file the PR adds or edits;
 * the PR's CPU tests (``manifest.TEST_FILES`` except the GPU test) with ``python -m pytest`` in the ported tree;
 * every relative link of the PR's Markdown files resolves inside the ported tree.
 
-One line per check; exit 1 if any failed.
+One line per check, then the counts; exit 1 if any check failed.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import subprocess
 import sys
@@ -21,9 +24,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.slime_pr import lint, manifest  # noqa: E402
 
-MAX_ADDED, MAX_CORE, MAX_REMOVED = 2500, 400, 5
+MAX_ADDED, MAX_CORE, MAX_EXAMPLE_PY, MAX_REMOVED = 2500, 150, 1000, 5
+EXAMPLE_DIR = "examples/multi_turn_tcod/"
 GPU_TEST = "tests/test_qwen3_0.6B_tcod.py"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+# What only this repository's runtime has, so no PR file may name it: the repository itself, its CPU demo,
+# its environments that do not ship with the example, attributes that only its own flags set (upstream
+# would raise AttributeError), its environment package and its second environment contract (make_env).
+# Matched case-insensitively as whole words, in the lines the PR adds.
+RUNTIME_NAMES = (
+    "slime-tcod",
+    "hanoi",
+    "ScienceWorld",
+    "TextWorld",
+    "ALFWorld",
+    "WebShop",
+    "the demo",
+    "engine_limits",
+    "rollout_engine_urls",
+    "tcod_prefix_source",
+    "tcod_prefix_replay_path",
+    "examples.agent_envs",
+    "make_env",
+)
+_RUNTIME_NAME = re.compile(r"(?<![\w-])(" + "|".join(re.escape(n) for n in RUNTIME_NAMES) + r")(?![\w-])", re.I)
+# The paper's benchmarks may be named where a setting is cited to the official TCOD configs (the launch
+# script's eta values come from its ALFWorld / ScienceWorld / WebShop YAMLs); nowhere else.
+OFFICIAL_BENCHMARKS = {"scienceworld", "alfworld", "webshop"}
+OFFICIAL_CITATION = re.compile(r"official|kokolerk/TCOD", re.I)
 FAILED: list[str] = []
 
 
@@ -44,34 +72,60 @@ def _files(root: Path) -> dict[str, Path]:
     }
 
 
-def diff_stats(pristine: Path, ported: Path) -> tuple[dict[str, tuple[int, int]], int]:
-    """Per changed file (added, removed) lines, and the lines added in all."""
-    import difflib
+def line_changes(old: str, new: str) -> tuple[list[tuple[int, str]], int]:
+    """The lines ``new`` adds to ``old`` as (1-based line in ``new``, text), and how many of ``old``'s it drops."""
+    a, b = old.splitlines(), new.splitlines()
+    added, removed = [], 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            added += [(j + 1, b[j]) for j in range(j1, j2)]
+        if tag in ("replace", "delete"):
+            removed += i2 - i1
+    return added, removed
 
+
+def diff_stats(pristine: Path, ported: Path) -> dict[str, tuple[list[tuple[int, str]], int]]:
+    """Per changed file: (the lines it adds, the number of lines it drops)."""
     before, after = _files(pristine), _files(ported)
     files = {}
     for rel in sorted(set(before) | set(after)):
         old = before[rel].read_bytes() if rel in before else b""
         new = after[rel].read_bytes() if rel in after else b""
-        if old == new:
-            continue
-        diff = difflib.ndiff(old.decode(errors="replace").splitlines(), new.decode(errors="replace").splitlines())
-        counts = [0, 0]
-        for line in diff:
-            if line[:1] in "+-" and line[1:2] == " ":
-                counts[line[0] == "-"] += 1
-        files[rel] = tuple(counts)
-    return files, sum(a for a, _ in files.values())
+        if old != new:
+            files[rel] = line_changes(old.decode(errors="replace"), new.decode(errors="replace"))
+    return files
+
+
+def runtime_name_hits(rel: str, added: list[tuple[int, str]]) -> list[str]:
+    """``file:line: 'name'`` for every runtime name on a line the PR adds to ``rel``."""
+    hits = []
+    for number, text in added:
+        for match in _RUNTIME_NAME.finditer(text):
+            if match.group(1).lower() in OFFICIAL_BENCHMARKS and OFFICIAL_CITATION.search(text):
+                continue
+            hits.append(f"{rel}:{number}: {match.group(1)!r}")
+    return hits
+
+
+def example_python_lines(ported: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in sorted((ported / EXAMPLE_DIR).rglob("*.py")))
 
 
 def main(argv=None) -> int:
     pristine, ported = (Path(p).resolve() for p in (argv or sys.argv[1:]))
-    files, added = diff_stats(pristine, ported)
-    core = sum(a for rel, (a, _) in files.items() if rel.startswith("slime/"))
-    check(added <= MAX_ADDED, f"size: {len(files)} files, +{added} lines (budget {MAX_ADDED})")
-    check(core <= MAX_CORE, f"size: +{core} lines under slime/ (budget {MAX_CORE})")
+    files = diff_stats(pristine, ported)
+    added = sum(len(a) for a, _ in files.values())
+    core = sum(len(a) for rel, (a, _) in files.items() if rel.startswith("slime/"))
+    example_py = example_python_lines(ported)
+    check(example_py <= MAX_EXAMPLE_PY, f"size: the example's Python is {example_py} lines (cap {MAX_EXAMPLE_PY})")
+    check(core <= MAX_CORE, f"size: +{core} lines under slime/ (cap {MAX_CORE})")
+    check(added <= MAX_ADDED, f"size: {len(files)} files, +{added} lines (cap {MAX_ADDED})")
     shrunk = {rel: r for rel, (_, r) in files.items() if r > MAX_REMOVED or (r and not (ported / rel).exists())}
     check(not shrunk, f"no upstream file replaced or losing more than {MAX_REMOVED} lines {shrunk or ''}")
+    hits = [hit for rel, (lines, _) in files.items() for hit in runtime_name_hits(rel, lines)]
+    check(not hits, f"no PR line names this repository's runtime (RUNTIME_NAMES): {len(hits)} hits")
+    for hit in hits:
+        print(f"      {hit}")
 
     py = [rel for rel in files if rel.endswith(".py")]
     findings = lint.lint([str(ported / rel) for rel in py]) if not lint.missing_linters() else ["linters missing"]
@@ -97,6 +151,7 @@ def main(argv=None) -> int:
             if not target.startswith(("http://", "https://")) and not (ported / rel).parent.joinpath(target).exists():
                 dead.append(f"{rel} -> {target}")
     check(not dead, f"every relative link of the PR's Markdown resolves in the ported tree {dead or ''}")
+    print(f"verify_pr.py counts: example Python {example_py} lines, slime/ +{core} lines, total +{added} lines")
     print(f"verify_pr.py: {'OK' if not FAILED else f'{len(FAILED)} failed'}")
     return 1 if FAILED else 0
 

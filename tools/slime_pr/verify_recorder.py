@@ -10,27 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import types
 from pathlib import Path
 
-# The rollout and eval contracts skip their checks when the path is upstream's default
-# ("slime.rollout.sglang_rollout.generate_rollout"). Upstream's own counterpart is that very function, so
-# on the pristine tree it is handed to the test under this alias: the same object, another name.
-ALIAS_MODULE = "tcod_verify_upstream_default"
-UPSTREAM_DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
-
 _STAGE_RANK = {"collect": 0, "setup": 1, "call": 2, "teardown": 3}
-
-
-class _UpstreamDefaultAlias(types.ModuleType):
-    """``tcod_verify_upstream_default.generate_rollout`` is upstream's default rollout function."""
-
-    def __getattr__(self, name):
-        if name == "generate_rollout":
-            from slime.rollout.sglang_rollout import generate_rollout
-
-            return generate_rollout
-        raise AttributeError(name)
 
 
 def _first_line(text: str, limit: int = 240) -> str:
@@ -111,7 +93,7 @@ class _Recorder:
                     names.update(a.name.split(".")[0] for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names.add(node.module.split(".")[0])
-        own = {"slime", "examples", "tests", "plugin_contracts", "slime_plugins", ALIAS_MODULE}
+        own = {"slime", "examples", "tests", "plugin_contracts", "slime_plugins"}
         out = {}
         for name in sorted(names):
             if name in own or name in sys.stdlib_module_names or name.startswith("_") or name not in sys.modules:
@@ -129,7 +111,7 @@ class _Recorder:
 
 
 
-def run_session(results: Path, alias: bool, pytest_args: list[str]) -> int:
+def run_session(results: Path, pytest_args: list[str]) -> int:
     """Run pytest in the current directory (a tree) and write the record to ``results``."""
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
@@ -145,9 +127,6 @@ def run_session(results: Path, alias: bool, pytest_args: list[str]) -> int:
         Path(results).write_text(json.dumps(result, indent=1))
         print(f"ERROR: {result['fatal']}", file=sys.stderr)
         return 3
-    if alias:
-        sys.modules[ALIAS_MODULE] = _UpstreamDefaultAlias(ALIAS_MODULE)
-
     import pytest
 
     rec = _Recorder()

@@ -17,8 +17,10 @@ whether they honour per-request sampling seeds (this project's runtime; SGLang 0
   a rerun does not reproduce its rollouts.
 
 The limits land on ``args.engine_limits`` as ``{"rollout": {...}, "teacher": {...}}`` with
-``context_len`` and ``max_prompt_len`` (the longest prompt accepted); the agent loop and the single-turn
-generate function read them with ``getattr`` (``examples.multi_turn_tcod.rollout.request_room``).
+``context_len`` and ``max_prompt_len`` (the longest prompt accepted), and :func:`clamp_context_flags` makes
+upstream's flags carry them: ``--rollout-max-context-len`` and ``--eval-max-context-len`` are what the agent
+loop (a file of the slime PR, which reads no runtime-only attribute) and the single-turn generate function
+bound a sequence by.
 """
 
 from __future__ import annotations
@@ -154,3 +156,54 @@ def warn_if_seeds_ignored(what: str, urls: list[str], limits: EngineLimits) -> N
         logger.warning("%s %s do(es) not report enable_deterministic_inference in /server_info: per-request "
                        "sampling seeds may be ignored (SGLang honours them only with "
                        "--enable-deterministic-inference)", what, urls)
+
+
+def sequence_limit(limits: dict | None) -> int | None:
+    """The longest sequence an engine with ``limits`` (an :class:`EngineLimits` dict) can grow to request by
+    request: within its context, and only while the sequence is a prompt it accepts. A flag of
+    ``max_prompt_len + 1`` lets a request go out only for a prompt of at most ``max_prompt_len`` tokens,
+    and its prompt plus ``max_new_tokens`` stays within the flag, so within the context."""
+    limits = limits or {}
+    bounds = [limits.get("context_len")]
+    if limits.get("max_prompt_len") is not None:
+        bounds.append(limits["max_prompt_len"] + 1)
+    known = [int(b) for b in bounds if b is not None]
+    return min(known) if known else None
+
+
+def teacher_sequence_limit(limits: dict | None) -> int | None:
+    """The longest sequence a teacher server scores: the whole sequence is its prompt."""
+    limits = limits or {}
+    if limits.get("max_prompt_len") is not None:
+        return int(limits["max_prompt_len"])
+    return None if limits.get("context_len") is None else int(limits["context_len"]) - 1  # prompt < context
+
+
+def clamp_context_flags(args, limits: dict) -> list[str]:
+    """Set (or lower) ``--rollout-max-context-len`` and ``--eval-max-context-len`` to what the servers take.
+
+    Rollouts: the rollout engines and, in training with a teacher server (``--opd-type sglang``, which
+    scores every trained sequence and, with ``--tcod-prefix-source teacher``, plays B2F prefix turns), the
+    teacher. Evaluation is not scored by the teacher: the rollout engines only. A limit that cannot be
+    read leaves the flag as it is. Returns one line per flag changed, naming what bounded it.
+    """
+    engines = sequence_limit(limits.get("rollout"))
+    teacher = None
+    if getattr(args, "use_opd", False) and getattr(args, "opd_type", None) == "sglang":
+        teacher = teacher_sequence_limit(limits.get("teacher"))
+    changes = []
+    for flag, bounds in (
+        ("rollout_max_context_len", (("the rollout engines", engines), ("the teacher server", teacher))),
+        ("eval_max_context_len", (("the rollout engines", engines),)),
+    ):
+        current = getattr(args, flag, None)
+        known = [(value, who) for who, value in bounds if value is not None]
+        if not known:
+            continue
+        value, who = min(known)
+        if current is not None and current <= value:
+            continue
+        setattr(args, flag, value)
+        was = "unset" if current is None else f"lowered from {current}"
+        changes.append(f"--{flag.replace('_', '-')} {value} ({was}: the longest sequence {who} take(s))")
+    return changes
