@@ -82,8 +82,12 @@ async def _post_all(url, payloads):
     return await asyncio.gather(*(http_utils.post(url, p, max_retries=1) for p in payloads))
 
 
+# What teacher_payload reads of the run's arguments: the teacher scores at temperature 1, no top-k.
+TEACHER_ARGS = Namespace(rollout_temperature=1.0, opd_teacher_top_k=0)
+
+
 def score_single(url, trajs):
-    replies = run_async(_post_all(url, [teacher_payload(s) for s in trajs]))
+    replies = run_async(_post_all(url, [teacher_payload(TEACHER_ARGS, s) for s in trajs]))
     # Entry i is the log-prob of token i (entry 0, the first token, has none).
     return [[e[0] for e in r["meta_info"]["input_token_logprobs"]] for r in replies]
 

@@ -188,3 +188,26 @@ def test_cli_writes_samples_that_load_back(tmp_path, tok):
         assert sample.metadata["expert_actions"] == expert
         trained = [t for t, m in zip(sample.tokens[sample.prompt_length:], sample.loss_mask) if m]
         assert tok.decode(trained, skip_special_tokens=False) == "".join(a + "<|im_end|>" for a in expert)
+
+
+def test_sft_rollout_feeds_the_expert_trajectories_of_the_step(tmp_path, tok):
+    from slime.rollout import sft_rollout
+    from slime.utils.arguments import get_parser, validate_args
+    from slime.utils.tiny_models import save_tiny_checkpoint
+
+    model = save_tiny_checkpoint(tmp_path / "m", hidden_size=16, num_layers=1, num_heads=2)
+    args = validate_args(get_parser().parse_args([
+        "--hf-checkpoint", str(model), "--loss-type", "sft_loss", "--rollout-batch-size", "2",
+        "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout",
+        "--rollout-interaction-env-path", "examples.agent_envs"]))
+
+    class Tasks:
+        def get_samples(self, n):
+            return [[Sample(index=i, group_index=i, metadata=dict(TASKS[i]))] for i in range(n)]
+
+    groups = sft_rollout.generate_rollout(args, 3, Tasks())
+    assert [len(g) for g in groups] == [1, 1]
+    for i, [sample] in enumerate(groups):
+        expected = build_expert_sample(build_env, args, Sample(index=i, metadata=dict(TASKS[i])), tok)
+        assert sample.tokens == expected.tokens and sample.loss_mask == expected.loss_mask
+        assert sample.rollout_id == 3 and sample.metadata["task_reward"] == pytest.approx(1.0)

@@ -100,6 +100,23 @@ def test_b2f_teacher_prefix_source(setup):
     assert records[0]["rollout/trained_tokens"] > 0
 
 
+def test_sft_on_expert_trajectories_then_evaluation_through_the_agent_loop(setup):
+    # The demo's first phase: SFT from the expert trajectories (no engine for training), evaluated by
+    # playing full episodes with the agent loop on the run's engine.
+    out = setup["root"] / "sft"
+    argv = ["--hf-checkpoint", setup["student"], "--prompt-data", str(setup["data"]),
+            "--rollout-interaction-env-path", "examples.agent_envs",
+            "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
+            "--max-turns", "4", "--max-turn-response-len", "6", "--rollout-max-response-len", "200",
+            "--loss-type", "sft_loss", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout",
+            "--rollout-batch-size", "3", "--num-rollout", "1", "--lr", "1e-3", "--save", str(out),
+            "--eval-prompt-data", "held", str(setup["data"]), "--eval-interval", "1", "--skip-eval-before-train"]
+    assert train.main(argv) == 0
+    [record] = read_metrics(out / "metrics.jsonl")
+    assert record["rollout/trained_tokens"] > 0 and record["multi_turn/success_rate"] == 1.0  # the expert's
+    assert 0.0 <= record["eval/held/success_rate"] <= 1.0
+
+
 KEYS = ("loss", "opd/reverse_kl", "rollout/trained_tokens", "tcod/depth", "tcod/prefix_len", "grad_norm")
 
 
