@@ -154,15 +154,9 @@ run_async(coro) if sys.argv[1] == "run_async" else asyncio.run(coro)
 """
 
 
-# rollout.py's Episode.env_call runs env calls with asyncio.to_thread, whose executor threads are joined at exit,
-# so a call that never returns keeps a stopped run alive; calls on daemon threads (what the removed env_adapter
-# did) let it exit. Strict xfail: it flips once the loop runs env calls on daemon threads again.
-@pytest.mark.xfail(
-    strict=True,
-    raises=subprocess.TimeoutExpired,
-    reason="rollout.py: asyncio.to_thread env calls are joined at interpreter exit",
-)
-@pytest.mark.parametrize("runner,sig", [("run_async", "SIGINT"), ("asyncio.run", "SIGINT"), ("run_async", "SIGTERM")])
+# The agent loop's env calls use asyncio.to_thread; this runtime's rollout loop (run_async) gives them daemon
+# threads (slime/utils/daemon_executor.py), so a call that never returns cannot keep a stopped run alive.
+@pytest.mark.parametrize("runner,sig", [("run_async", "SIGINT"), ("run_async", "SIGTERM")])
 def test_a_stopped_run_exits_promptly_with_a_stuck_env_thread(runner, sig):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.Popen(

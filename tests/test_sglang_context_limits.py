@@ -208,9 +208,6 @@ def test_trajectories_fit_what_the_teacher_server_scores(engines):
     assert sglang_rollout.token_room(args, 100, evaluation=True) == POLICY_CTX - 6 - 100
 
 
-@pytest.mark.xfail(strict=True, reason="examples/multi_turn_tcod/rollout.py Episode.student_turn asks for the whole "
-                   "room and then closes a cut turn with a masked <|im_end|>: the sequence ends one token past "
-                   "--rollout-max-context-len, which the teacher server refuses (HTTP 400)")
 def test_a_turn_cut_at_the_limit_still_fits_the_teacher(engines):
     args = mt_args(engines, *OPD, "--rm-url", engines[1].url + "/generate")
     samples = play(args, [{}, {}, {}])

@@ -24,6 +24,7 @@ import asyncio
 import importlib
 import importlib.util
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -110,7 +111,10 @@ class Episode:
             raise EnvironmentFault(f"step() must return (observation, done, info), got {type(out).__name__}")
         observation, done, info = out
         info = info or {}
-        self.turn_rewards.append(float(info.get("reward", 0.0)))
+        reward = info.get("reward", 0.0)
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise EnvironmentFault(f"step() gave info['reward'] = {reward!r}; it must be a finite number")
+        self.turn_rewards.append(float(reward))
         self.total_reward += self.turn_rewards[-1]
         self.success = self.success or bool(info.get("success"))
         return observation, bool(done)
@@ -119,7 +123,7 @@ class Episode:
         """Append the next user turn (masked); False when it does not fit the budget."""
         message = self.env.format_observation(observation)
         ids = encode_observation(self.tokenizer, message, self.template_kwargs)
-        if len(ids) >= self.room():  # the student's next turn needs at least one token
+        if len(ids) + 2 > self.room():  # the student's next turn needs a token and its closing <|im_end|>
             return False
         self.sample.append_response_tokens(self.args, tokens=ids, trainable=False)
         return True
@@ -128,7 +132,7 @@ class Episode:
         """One engine reply appended as trainable tokens; returns its text, or None when it was aborted."""
         params = dict(self.sampling_params)
         turn_len = getattr(self.args, "max_turn_response_len", None) or self.max_response
-        params["max_new_tokens"] = min(turn_len, self.room())
+        params["max_new_tokens"] = min(turn_len, self.room() - 1)  # one token stays free to close a cut turn
         params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
         if params.get("sampling_seed") is not None:  # every turn draws differently, a rerun draws the same
             params["sampling_seed"] = (int(params["sampling_seed"]) + 1 + turn) % SEED_MODULUS
@@ -161,10 +165,14 @@ async def replay_expert_prefix(ep: Episode, plan: dict):
     actions = ep.sample.metadata.get("expert_actions")
     if actions is None and hasattr(ep.env, "expert_actions"):
         actions = await ep.env_call(ep.env.expert_actions)
+    if not actions:  # no expert path: the student plays the whole episode
+        ep.sample.metadata["prefix_fallback"] = True
     prefix = max(0, len(actions or []) - int(plan["depth"]))
+    if prefix:
+        ep.sample.metadata["prefix_source"] = "expert"
     for i in range(prefix):
         ids = encode_action(ep.tokenizer, actions[i])
-        if len(ids) >= ep.room():
+        if len(ids) + 2 > ep.room():
             return i, "context_full"
         ep.sample.append_response_tokens(ep.args, tokens=ids, trainable=False)
         observation, done = await ep.step(actions[i])
@@ -180,6 +188,8 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
     sample = ep.sample
     build_env = load_env_module(ep.args.rollout_interaction_env_path).build_env
     ep.env = await ep.env_call(build_env, sample, ep.args)
+    if ep.env is None:
+        raise EnvironmentFault("build_env(sample, args) returned None")
     observation = await ep.env_call(ep.env.reset)
     observation = observation[0] if isinstance(observation, tuple) else observation
     if not observation:  # upstream's geo3k env resets to ({}, info): the task is sample.prompt
@@ -198,7 +208,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
     for turn in range(turns):
         if ep.state.aborted:
             return "aborted"
-        if ep.room() <= 0:
+        if ep.room() <= 1:
             return "context_full"
         text = await ep.student_turn(prefix_turns + turn)
         if text is None:

@@ -14,6 +14,7 @@ import logging
 import time
 
 from slime.rollout.rewards import assign_rewards
+from slime.utils.daemon_executor import DaemonThreadPool
 from slime.utils.http_utils import post
 from slime.utils.misc import load_function
 from slime.utils.types import Sample, Status
@@ -205,4 +206,7 @@ def _get_loop() -> asyncio.AbstractEventLoop:
     global _LOOP
     if _LOOP is None or _LOOP.is_closed():
         _LOOP = asyncio.new_event_loop()
+        # asyncio.to_thread (the agent loop's environment calls) runs here: daemon threads, so a hung
+        # environment call cannot keep a stopped run alive.
+        _LOOP.set_default_executor(DaemonThreadPool())
     return _LOOP
