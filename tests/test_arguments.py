@@ -300,3 +300,13 @@ def test_query_groups_follow_megatrons_rule():
         args = validated(["--num-attention-heads", "32", "--num-query-groups", "8"])
     assert args.num_query_groups == 32  # without the switch every head is its own group
     assert validated(["--num-attention-heads", "32", "--group-query-attention"]).num_query_groups == 1
+
+
+def test_chat_template_kwargs_are_a_json_object(capsys):
+    assert get_parser().parse_args([]).apply_chat_template_kwargs == {}
+    args = get_parser().parse_args(["--apply-chat-template-kwargs", '{"enable_thinking": false}'])
+    assert args.apply_chat_template_kwargs == {"enable_thinking": False}  # what the agent loop's renders get
+    for bad in ("[1]", "{oops"):
+        with pytest.raises(SystemExit):
+            get_parser().parse_args(["--apply-chat-template-kwargs", bad])
+    assert "--apply-chat-template-kwargs" in capsys.readouterr().err

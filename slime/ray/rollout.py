@@ -90,7 +90,8 @@ class RolloutManager:
         for name, path in zip(pairs[0::2], pairs[1::2]):
             self.eval_sets[name] = Dataset(path, input_key=args.input_key, label_key=args.label_key,
                                            metadata_key=args.metadata_key, tokenizer=tokenizer,
-                                           apply_chat_template=args.apply_chat_template)
+                                           apply_chat_template=args.apply_chat_template,
+                                           apply_chat_template_kwargs=args.apply_chat_template_kwargs)
         self.generate_rollout = load_function(args.rollout_function_path)
         self.engines = []
         self._engine_group = None  # Ray placement group holding the engines' GPUs, when there is one

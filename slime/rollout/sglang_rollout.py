@@ -114,7 +114,9 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     if not sample.tokens:
         prompt = sample.prompt
         if isinstance(prompt, list):
-            prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            prompt = tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True, **(args.apply_chat_template_kwargs or {})
+            )
         sample.tokens = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     params = dict(sampling_params)
     room = token_room(args, len(sample.tokens), evaluation)

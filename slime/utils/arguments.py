@@ -9,6 +9,7 @@ Defaults leave plain behaviour unchanged: no OPD, no TCOD, a fixed reward-side K
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 
@@ -100,6 +101,16 @@ def add_checkpoint_arguments(parser):
     return parser
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def add_data_arguments(parser):
     g = parser.add_argument_group("data")
     g.add_argument("--prompt-data", type=str, default=None, help="jsonl or parquet file of prompts")
@@ -111,6 +122,9 @@ def add_data_arguments(parser):
                    help="field holding a JSON object kept as sample.metadata (missing: empty)")
     g.add_argument("--apply-chat-template", action="store_true",
                    help="render each prompt with the tokenizer's chat template (a string becomes one user message)")
+    g.add_argument("--apply-chat-template-kwargs", type=_json_object, default={},
+                   help="JSON object of keyword arguments for every chat-template render, in the agent loop too "
+                        "(e.g. '{\"enable_thinking\": false}': Qwen3 without thinking); default {}")
     g.add_argument("--rollout-shuffle", action="store_true",
                    help="shuffle --prompt-data every epoch (seeded by --rollout-seed and the epoch)")
     g.add_argument("--eval-prompt-data", type=str, nargs="*", default=None,

@@ -50,7 +50,7 @@ class Dataset:
     """All rows of one prompt file, turned into template Samples (copied per request)."""
 
     def __init__(self, path, *, input_key="input", label_key=None, metadata_key="metadata",
-                 tokenizer=None, apply_chat_template=False):
+                 tokenizer=None, apply_chat_template=False, apply_chat_template_kwargs=None):
         self.path = Path(path)
         if not self.path.exists():
             raise DataError(f"prompt data {self.path} does not exist")
@@ -68,7 +68,8 @@ class Dataset:
             prompt = _check_prompt(row[input_key], where, input_key)
             if apply_chat_template:
                 messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-                prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                       **(apply_chat_template_kwargs or {}))
             label = None
             if label_key is not None:
                 if label_key not in row:
@@ -113,7 +114,8 @@ class RolloutDataSource:
     def from_args(cls, args, tokenizer=None, path=None):
         dataset = Dataset(path or args.prompt_data, input_key=args.input_key, label_key=args.label_key,
                           metadata_key=args.metadata_key, tokenizer=tokenizer,
-                          apply_chat_template=args.apply_chat_template)
+                          apply_chat_template=args.apply_chat_template,
+                          apply_chat_template_kwargs=getattr(args, "apply_chat_template_kwargs", None))
         return cls(dataset, n_samples_per_prompt=args.n_samples_per_prompt, shuffle=args.rollout_shuffle,
                    seed=args.rollout_seed)
 
