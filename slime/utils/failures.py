@@ -39,7 +39,11 @@ def who_is(args, url: str) -> str:
         return f"the teacher server (--rm-url {args.rm_url})"
     router = f"{getattr(args, 'sglang_router_ip', None)}:{getattr(args, 'sglang_router_port', None)}"
     if getattr(args, "sglang_router_ip", None) and router == server:
-        return f"the slime router (--sglang-router-ip / --sglang-router-port {router})"
+        from slime.backends.sglang_utils.router import uses_external_router
+
+        if uses_external_router(args):
+            return f"the slime router (--sglang-router-ip / --sglang-router-port {router})"
+        return f"this run's rollout router or engine at {server} (see the engines' logs)"
     return f"the rollout engine at {server} (started by this run: see its log)"
 
 
