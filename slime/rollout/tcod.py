@@ -17,8 +17,10 @@ path longer than ``k_max`` keeps its last ``k_max`` turns in reach.
 def curriculum_depth(step: int, k_start: int, eta: int, k_max: int) -> int:
     """Student turns exposed at rollout ``step``: grows by one every ``eta`` steps up to ``k_max``."""
     if step < 0 or k_start < 1 or eta < 1 or k_max < k_start:
-        raise ValueError(f"TCOD schedule needs step >= 0, k_start >= 1, eta >= 1, k_max >= k_start; got "
-                         f"step={step}, k_start={k_start}, eta={eta}, k_max={k_max}")
+        raise ValueError(
+            f"TCOD schedule needs step >= 0, k_start >= 1, eta >= 1, k_max >= k_start; got "
+            f"step={step}, k_start={k_start}, eta={eta}, k_max={k_max}"
+        )
     return min(k_start + step // eta, k_max)
 
 

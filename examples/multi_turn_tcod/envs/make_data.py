@@ -17,11 +17,10 @@ B2F prefix replays.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
-
-import importlib
 
 ENV_MODULES = {"gridnav": "examples.multi_turn_tcod.envs.gridnav"}
 # Command-line options forwarded to task_metadata(seed, params) of the chosen environment, with their help.
