@@ -66,8 +66,7 @@ def _plan_args(*extra):
     from slime.utils.arguments import get_parser, validate_args
 
     args = get_parser().parse_args(["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate",
-                                    "--max-turns", "10", "--rollout-interaction-env-path", "examples.agent_envs",
-                                    "--rollout-function-path", "slime.rollout.tcod.generate_rollout", *extra])
+                                    "--max-turns", "10", "--rollout-interaction-env-path", "examples.agent_envs", *extra])
     return validate_args(args)
 
 
@@ -80,10 +79,10 @@ def test_episode_plans_follow_the_schedule():
 
     b2f = _plan_args("--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "2")
     plans = [episode_plan(b2f, n) for n in range(8)]
-    assert all(p["mode"] == "b2f" and p["max_student_turns"] == 10 and p["prefix_source"] == "expert" for p in plans)
+    assert all(p["mode"] == "b2f" and p["max_student_turns"] == 10 for p in plans)
+    assert [p["depth"] for p in plans] == [1, 1, 2, 2, 3, 3, 4, 4]
 
     vanilla = _plan_args()
     assert episode_plan(vanilla, 7) == {"mode": "full", "max_student_turns": 10, "step": 7}
-    single_turn = _plan_args()
-    single_turn.max_turns = None
-    assert episode_plan(single_turn, 0) is None
+    with pytest.raises(RuntimeError, match="no current rollout id"):  # TCOD outside RolloutManager
+        episode_plan(f2b, None)
