@@ -180,11 +180,27 @@ def test_launch_flags_on_the_ported_upstream_tree(tmp_path):
     assert proc.stdout.strip().endswith("launches, 0 problems")
 
 
-def test_pr_test_entry_goes_after_the_opd_test_once():
+def test_pr_test_entries_go_after_the_opd_test_and_into_the_cpu_job_once():
     from tools.slime_pr import pr_test_entry as entry
 
-    template = f"<% set megatron_tests = [\n    {entry.ANCHOR}\n    {{'test_file': 'x.py', 'num_gpus': 4}},\n] %>\n"
+    old = f"{{'test_file': '{entry.TEST_FILE}', 'num_gpus': 4}},"  # an older registration: replaced
+    template = (
+        f"<% set megatron_tests = [\n    {entry.ANCHOR}\n    {old}\n    {{'test_file': 'x.py', 'num_gpus': 4}},\n] %>\n"
+        f"<% set jobs = {{\n    {entry.CPU_JOB_LINE}\n      'tests': [\n        {{'test_file': 'a.py', 'num_gpus': 0}},\n"
+        "      ],\n    },\n} %>\n"
+    )
     edited = entry.edit_template(template)
-    assert edited.splitlines()[2] == "    " + entry.ENTRY and entry.edit_template(edited) == edited
+    lines = edited.splitlines()
+    assert lines[2:6] == ["    " + e for e in entry.GPU_ENTRIES] and old not in edited
+    assert lines[6] == "    {'test_file': 'x.py', 'num_gpus': 4},"
+    cpu_at = lines.index("        {'test_file': 'a.py', 'num_gpus': 0},") + 1
+    assert lines[cpu_at : cpu_at + 4] == ["        " + e for e in entry.CPU_ENTRIES] + ["      ],"]
+    assert entry.edit_template(edited) == edited
+    # One entry per configuration, each with the GPUs it uses; the file's NUM_GPUS is the default's.
+    assert [(m, o, n) for m, o, n in entry.GPU_CONFIGS if o == "sglang"] == [("f2b", "sglang", 3), ("b2f", "sglang", 3)]
+    assert {n for _, o, n in entry.GPU_CONFIGS if o == "megatron"} == {2}
+    assert "NUM_GPUS = 3" in (ROOT / "tests" / entry.TEST_FILE).read_text()
     with pytest.raises(entry.RegisterError):
         entry.edit_template(template.replace(entry.ANCHOR, ""))
+    with pytest.raises(entry.RegisterError):
+        entry.edit_template(template.replace(entry.CPU_JOB_LINE, "'other-job': {"))

@@ -41,9 +41,8 @@ def tokenizer():
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"]
-    )
+    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>"]}
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, **special)
     tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
     tok.chat_template = QWEN3_LIKE_TEMPLATE
     return tok
@@ -65,7 +64,8 @@ class ScriptedEngine:
         reply = self.policy(len(self.requests) - 1)
         if reply is None:
             return {"text": "", "meta_info": {"finish_reason": {"type": "abort"}, "output_token_logprobs": []}}
-        ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        end = [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        ids = self.tokenizer.encode(reply, add_special_tokens=False) + end
         limit = payload["sampling_params"]["max_new_tokens"]
         finish = "length" if len(ids) > limit else "stop"
         ids = ids[:limit]
@@ -211,8 +211,7 @@ def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokeni
     row = tasks[0]
     moves = row["metadata"]["expert_actions"]
     sample, engine = play(
-        monkeypatch, tokenizer, make_args(), row, step=6, policy=lambda i: THINK + moves[i], evaluation=True,
-        max_new_tokens=5000,
+        monkeypatch, tokenizer, make_args(), row, 6, lambda i: THINK + moves[i], evaluation=True, max_new_tokens=5000
     )
     assert sample.metadata["success"] and sample.reward == sample.metadata["task_reward"] > 0
     assert sample.metadata["episode_plan"]["mode"] == "full"

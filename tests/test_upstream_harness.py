@@ -1,7 +1,8 @@
-"""The upstream proof harness (tools/slime_pr/verify.sh, contracts.py, verify_pr.py), without an
+"""The upstream proof harness (tools/slime_pr/verify.sh, contracts.py, verify_pr.py, cpu_ci.py), without an
 upstream checkout: argument handling, refusing trees that are not upstream slime, tree copies and checksums,
-the verdict rules, the pytest recorder on a tiny stand-in tree, and the PR's caps and runtime-name checks
-on stand-in pristine / ported trees."""
+the verdict rules, the pytest recorder on a tiny stand-in tree, the PR's caps and runtime-name checks
+on stand-in pristine / ported trees, and how the CPU-CI step reads upstream's CPU jobs (pip lines, files,
+torch from PyPI when its index is unreachable), layers its venvs and judges a test file's pytest summary."""
 
 import json
 import os
@@ -231,3 +232,138 @@ def test_caps_fail_when_exceeded_and_counts_are_printed(tmp_path, capsys, monkey
     assert "FAIL  size: +151 lines under slime/ (cap 150)" in out
     assert "PASS  size: 2 files, +1152 lines (cap 2500)" in out
     assert "verify_pr.py counts: example Python 1001 lines, slime/ +151 lines, total +1152 lines" in out
+
+
+# ---------------------------------------------------------------------------- cpu_ci.py: upstream's CPU CI jobs
+MINI_TEMPLATE = """<% set jobs = {
+    'gpu-job': {'tests': [{'test_file': 'test_big.py', 'num_gpus': 8}]},
+    'unit': {'cpu': True, 'extra_pip_deps': 'transformers wandb',
+             'tests': [{'test_file': 'test_a.py', 'num_gpus': 0}, {'test_file': 'tests/sub/test_b.py', 'num_gpus': 0,
+                        'test_args': '-k fast'}]},
+    'agent': {'cpu': True, 'tests': [{'test_file': 'test_agent/test_c.py', 'num_gpus': 0}]},
+} %>
+jobs:
+<% for name, config in jobs.items() %>
+  << name >>:
+    runs-on: << 'ubuntu-latest' if config.get('cpu') else 'self-hosted' >>
+    strategy:
+      matrix:
+        info:
+<< config.tests | tojson(indent=2) | indent(10, true) >>
+    steps:
+<% if config.get('cpu') %>
+      - name: Set up Python
+        with:
+          python-version: '3.10'
+      - name: Install dependencies
+        run: |
+          pip install torch --index-url https://download.pytorch.org/whl/cpu
+          pip install pytest numpy
+<% if config.get('extra_pip_deps') %>
+          pip install << config.extra_pip_deps >>
+<% endif %>
+      - name: Install
+        run: cd $GITHUB_WORKSPACE && pip install -e . --no-deps
+<% endif %>
+      - name: Execute
+        run: echo
+<% endfor %>
+  changed:
+    runs-on: self-hosted
+    strategy:
+      matrix: ${{ fromJson(needs.detect.outputs.matrix) }}
+"""
+
+
+def _template_tree(root: Path, text: str = MINI_TEMPLATE) -> Path:
+    (root / ".github/workflows").mkdir(parents=True)
+    (root / ".github/workflows/pr-test.yml.j2").write_text(text)
+    return root
+
+
+def test_cpu_jobs_are_read_from_the_template(tmp_path):
+    from tools.slime_pr import cpu_ci
+
+    jobs = cpu_ci.cpu_jobs(_template_tree(tmp_path))
+    assert [j.name for j in jobs] == ["unit", "agent"]  # runs-on ubuntu-latest only
+    unit, agent = jobs
+    assert unit.python == agent.python == "3.10"
+    torch_line = ("torch", "--index-url", "https://download.pytorch.org/whl/cpu")
+    assert unit.pip == (torch_line, ("pytest", "numpy"), ("transformers", "wandb"))
+    assert agent.pip == unit.pip[:2]
+    assert unit.tests == (("tests/test_a.py", ""), ("tests/sub/test_b.py", "-k fast"))
+    assert agent.tests == (("tests/test_agent/test_c.py", ""),)
+
+
+def test_a_cpu_job_registering_a_gpu_test_is_refused(tmp_path):
+    from tools.slime_pr import cpu_ci
+
+    tree = _template_tree(tmp_path, MINI_TEMPLATE.replace("'test_a.py', 'num_gpus': 0", "'test_a.py', 'num_gpus': 2"))
+    with pytest.raises(cpu_ci.CIError, match="num_gpus 2"):
+        cpu_ci.cpu_jobs(tree)
+
+
+def test_torch_comes_from_pypi_when_its_index_is_unreachable(monkeypatch):
+    from tools.slime_pr import cpu_ci
+
+    lines = [("torch", "--index-url", "https://download.pytorch.org/whl/cpu"), ("pytest",)]
+    assert cpu_ci.effective_pip(lines, reachable=True) == (lines, [])
+    monkeypatch.delenv("CPU_CI_TORCH", raising=False)
+    out, notes = cpu_ci.effective_pip(lines, reachable=False)
+    assert out == [("torch==2.13.0",), ("pytest",)] and "CUDA build" in notes[0] and "PyPI" in notes[0]
+    monkeypatch.setenv("CPU_CI_TORCH", "torch==2.9.1")
+    assert cpu_ci.effective_pip(lines, reachable=False)[0][0] == ("torch==2.9.1",)
+
+
+def test_pytest_summaries_are_counted_and_only_all_passed_is_strict(tmp_path):
+    from tools.slime_pr import cpu_ci
+
+    assert cpu_ci.parse_counts("x\n======= 15 passed, 1 warning in 0.26s =======\n") == {"passed": 15, "warning": 1}
+    assert cpu_ci.parse_counts("== 3 passed, 1 skipped, 2 errors in 1.00s (0:00:01) ==") == {
+        "passed": 3, "skipped": 1, "error": 2}
+    assert cpu_ci.parse_counts("no summary") == {}
+    log = tmp_path / "log"
+    assert cpu_ci.Result(0, 1.0, {"passed": 15, "warning": 1}, log).strict
+    assert not cpu_ci.Result(0, 1.0, {"passed": 15, "skipped": 1}, log).strict
+    assert not cpu_ci.Result(0, 1.0, {}, log).strict and not cpu_ci.Result(1, 1.0, {"passed": 2}, log).strict
+    assert cpu_ci.Result("timeout", 900.0, {}, log).label().startswith("TIMEOUT")
+
+
+def test_cpu_ci_layers_a_venv_on_another_after_its_own_packages(tmp_path):
+    from tools.slime_pr import cpu_ci
+
+    below, above = tmp_path / "below", tmp_path / "above"
+    for venv in (below, above):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (cpu_ci._site(below) / "only_below.py").write_text("WHERE = 'below'\n")
+    (cpu_ci._site(below) / "both.py").write_text("WHERE = 'below'\n")
+    (cpu_ci._site(above) / "both.py").write_text("WHERE = 'above'\n")
+    cpu_ci._layer(above, below)
+    code = "import both, only_below; print(both.WHERE, only_below.WHERE)"
+    out = subprocess.run([str(above / "bin/python"), "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["above", "below"]
+
+
+def test_verify_pr_finds_how_ci_would_miss_the_prs_tests(tmp_path, monkeypatch):
+    from tools.slime_pr import manifest, pr_test_entry
+
+    tree = _template_tree(tmp_path / "ported", MINI_TEMPLATE)
+    cpu, gpu = "tests/test_a.py", "tests/test_gpu.py"
+    (tree / "tests").mkdir()
+    (tree / cpu).write_text('NUM_GPUS = 0\n\nif __name__ == "__main__":\n    raise SystemExit(pytest.main([__file__]))\n')
+    (tree / gpu).write_text("NUM_GPUS = 3\n")
+    monkeypatch.setattr(manifest, "CPU_TEST_FILES", (cpu, "tests/test_missing.py"))
+    monkeypatch.setattr(manifest, "TEST_FILES", (cpu, "tests/test_missing.py", gpu))
+    monkeypatch.setattr(verify_pr, "GPU_TEST", gpu)
+    problems = verify_pr.registration_problems(tree, ["tests/conftest.py"])
+    assert problems == [
+        "tests/conftest.py: the PR adds a conftest.py; a test stubs what it needs itself",
+        "tests/test_missing.py: not in the ported tree",
+        "tests/test_missing.py: not registered in a CPU job",
+        f"{gpu}: not registered in any GPU job",
+    ]
+    (tree / cpu).write_text("NUM_GPUS = 8\n")
+    assert verify_pr.registration_problems(tree, [])[:2] == [
+        f"{cpu}: NUM_GPUS is 8, want 0", f"{cpu}: does not end with upstream's runner "
+        "'raise SystemExit(pytest.main([__file__]))'"]
+    assert pr_test_entry.GPU_CONFIGS[0][2] == 3  # the GPU test's NUM_GPUS is its default configuration's

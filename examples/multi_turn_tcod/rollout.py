@@ -100,7 +100,9 @@ class Episode:
         try:
             return await in_thread(self.timeout, fn, *call_args)
         except asyncio.TimeoutError:
-            raise EnvironmentFault(f"{fn.__name__}() did not return within {self.timeout:g} s (env_step_timeout)") from None
+            raise EnvironmentFault(
+                f"{fn.__name__}() did not return within {self.timeout:g} s (env_step_timeout)"
+            ) from None
         except Exception as err:
             raise EnvironmentFault(f"{fn.__name__}(): {type(err).__name__}: {err}") from err
 

@@ -18,10 +18,17 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
+try:
+    from .pr_test_entry import GPU_CONFIGS
+except ImportError:  # imported as a top-level module, from this folder
+    from pr_test_entry import GPU_CONFIGS
+
 SCRIPT = "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"
 E2E_TEST = "tests/test_qwen3_0.6B_tcod.py"
 SCRIPT_RUNS = [{"TCOD_MODE": m} for m in ("f2b", "b2f")]
-TEST_RUNS = [(m, o) for m in ("f2b", "b2f") for o in ("sglang", "megatron")]
+# The e2e test's configurations as the CI registers them (one entry each, with the GPUs it gets).
+TEST_GPUS = {(m, o): n for m, o, n in GPU_CONFIGS}
+TEST_RUNS = list(TEST_GPUS)
 # Checkpoint flags whose path upstream's validation requires to exist.
 MUST_EXIST = ("--ref-load", "--opd-teacher-load")
 # ServerArgs fields the launches use, as SGLang 0.5.15.post1 declares them (kind, default), for runs without
@@ -197,7 +204,8 @@ def test_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
             U.save_to_temp_file = lambda text, ext: _write(Path(tempfile.mkdtemp(dir=keep_dir), f"file.{ext}"), text)
             module.subprocess = types.SimpleNamespace(Popen=record_popen, STDOUT=None)
             module.open = lambda *a, **k: io.StringIO()  # the teacher's log file
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(getattr(module, "NUM_GPUS", 8))))
+            # The GPUs gpu_lock_exec.py gives this configuration's CI entry.
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(TEST_GPUS[tcod_mode, opd_type])))
             # The runtime env execute_train gives the job (Megatron checks this variable when TP > 1).
             launch = Launch(name, [], str(slime_dir), env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
             try:

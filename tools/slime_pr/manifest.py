@@ -35,11 +35,17 @@ EXAMPLE_FILES = (
     "examples/multi_turn_tcod/envs/make_data.py",
 )
 
-TEST_FILES = (
+# Tests that need no GPU (NUM_GPUS = 0): registered in upstream's `cpu-unittest` job, which runs each as
+# `python tests/FILE` on Python 3.10 without sglang or Megatron (tools/slime_pr/cpu_ci.py runs them so).
+CPU_TEST_FILES = (
     "tests/test_tcod_curriculum.py",
     "tests/test_tcod_rollout.py",
-    "tests/test_qwen3_0.6B_tcod.py",
+    "tests/test_tcod_e2e_cpu.py",
 )
+# The GPU e2e test: one CI entry per configuration (pr_test_entry.GPU_CONFIGS).
+GPU_TEST_FILE = "tests/test_qwen3_0.6B_tcod.py"
+
+TEST_FILES = (*CPU_TEST_FILES, GPU_TEST_FILE)
 
 DOC_FILES = (
     "docs/en/advanced/multi-turn-tcod.md",

@@ -10,8 +10,10 @@
   ``--custom-config-path`` YAML is applied (it sets ``max_turns``);
 * adds the public ``get_current_rollout_id()`` beside upstream's ``set_current_rollout_id`` in
   ``slime/rollout/sample_hooks.py`` (the agent loop reads the curriculum's step there);
-* adds the docs page to both ``index.rst`` toctrees, the example to ``examples/README.md`` and the GPU
-  test to ``.github/workflows/pr-test.yml.j2`` (``pr-test.yml`` re-rendered by upstream's generator).
+* adds the docs page to both ``index.rst`` toctrees, the example to ``examples/README.md``, and registers
+  the tests in ``.github/workflows/pr-test.yml.j2`` (``pr_test_entry.py``: the GPU e2e test once per
+  configuration, the CPU tests in the ``cpu-unittest`` job; ``pr-test.yml`` re-rendered by upstream's
+  generator).
 
 Everything is computed before anything is written: a tree that is not upstream slime, or lacks an API
 the PR relies on, is refused with one line naming what is missing, and nothing is changed. When
@@ -79,6 +81,7 @@ EXPECTED = (
     ("docs/zh/index.rst", DOC_ANCHOR.strip(), "the docs toctree"),
     (EXAMPLES_README, EXAMPLES_ANCHOR, "the examples list"),
     (pr_test_entry.TEMPLATE, pr_test_entry.ANCHOR, "where the GPU test is registered"),
+    (pr_test_entry.TEMPLATE, pr_test_entry.CPU_JOB_LINE, "the CPU job the CPU tests are registered in"),
 )
 
 # The commit series: (message, paths). Paths not listed under an earlier commit go to the first that
@@ -210,6 +213,9 @@ def _insert_after(source: str, anchor: str, line: str) -> str:
 def planned_files(slime_dir: Path) -> dict[str, bytes]:
     """Every file the PR adds or edits, with its new content (only those that differ)."""
     new: dict[str, bytes] = {}
+    absent = [rel for rel in manifest.COPIED_FILES if not (manifest.REPO / rel).is_file()]
+    if absent:
+        raise PortError(f"this repository lacks PR file(s) that manifest.py lists: {', '.join(absent)}")
     for rel in manifest.COPIED_FILES:
         new[rel] = (manifest.REPO / rel).read_bytes()
     new[ARGS] = edit_arguments((slime_dir / ARGS).read_text()).encode()
@@ -218,7 +224,11 @@ def planned_files(slime_dir: Path) -> dict[str, bytes]:
         new[index] = _insert_after((slime_dir / index).read_text(), DOC_ANCHOR, DOC_LINE).encode()
     examples = (slime_dir / EXAMPLES_README).read_text()
     new[EXAMPLES_README] = _insert_after(examples, EXAMPLES_ANCHOR, EXAMPLES_LINE).encode()
-    new[pr_test_entry.TEMPLATE] = pr_test_entry.edit_template((slime_dir / pr_test_entry.TEMPLATE).read_text()).encode()
+    try:
+        template = pr_test_entry.edit_template((slime_dir / pr_test_entry.TEMPLATE).read_text())
+    except pr_test_entry.RegisterError as err:
+        raise PortError(str(err)) from None
+    new[pr_test_entry.TEMPLATE] = template.encode()
     return {rel: data for rel, data in new.items() if not (slime_dir / rel).is_file() or (slime_dir / rel).read_bytes() != data}
 
 

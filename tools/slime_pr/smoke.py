@@ -193,8 +193,11 @@ def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: d
         check(got == want, f"{tag}: b2f replays max(0, L_exp - k) expert turns {sorted(set(want.values()))}")
     # Upstream's OPD hook scores every sample the generate function left unrewarded, removed ones too.
     check(calls == len(samples), f"{tag}: {calls} teacher calls for {len(samples)} trajectories (one each)")
+    # A B2F replay that fills the response budget (--rollout-max-response-len 160 here) ends the episode
+    # before the student plays: nothing to train, so it is dropped too (seen in some runs only, at b2f step 2).
     should_drop = {s.index for s in samples if s.metadata.get("variant") == "broken"
-                   or (mode == "b2f" and step == 0 and s.metadata.get("variant") == "replay_finishes")}
+                   or (mode == "b2f" and step == 0 and s.metadata.get("variant") == "replay_finishes")
+                   or (mode == "b2f" and s.metadata.get("outcome") == "context_full" and not any(s.loss_mask or []))}
     dropped = {s.index for s in samples if s.remove_sample}
     if should_drop or dropped:
         outcomes = sorted({s.metadata["outcome"] for s in samples if s.remove_sample})

@@ -14,10 +14,17 @@
 #      ported/ with SLIME_CONTRACT_* pointed at this contribution's hooks, and on pristine/ with upstream's
 #      own counterpart hooks; each test classified PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the
 #      rules);
+#   3b. upstream's CPU CI jobs as GitHub runs them (cpu_ci.py): a Python 3.10 virtualenv per CPU job of
+#      pr-test.yml.j2 (cpu-unittest, agent-test) with exactly the job's pip lines, read from the template,
+#      built once and cached under ${XDG_CACHE_HOME:-~/.cache}/slime-tcod/cpu-ci (torch from PyPI when
+#      download.pytorch.org cannot be reached: the CUDA build, ~4.6 GB, runs on CPU); then, on copies of
+#      pristine/ and ported/, `pip install -e . --no-deps` and `python tests/FILE` from the tree's root for
+#      every file those jobs register: the ported tree must pass every file the pristine one passes, and
+#      the PR's CPU tests (registered in cpu-unittest by port.py) must end in `N passed`, nothing skipped;
 #   4. tools/slime_pr/smoke.py ported/, if that script exists;
 #   5. verify_pr.py: the caps (the example's Python <= 1,000 lines, <= 150 lines added under slime/, the
 #      whole PR <= 2,500 added lines), no PR line naming this repository's runtime (file:line per hit),
-#      upstream's linters, the PR's CPU tests, links; verify_objective.py (both teacher modes train pure
+#      upstream's linters, the PR's tests as CI registers them (NUM_GPUS, runner, no conftest.py), links; verify_objective.py (both teacher modes train pure
 #      OPD through upstream's reward post-processing and advantages, as this runtime does) and, with
 #      MEGATRON_LM_DIR set, check_launch_flags.py.
 # Exit status 0 only if every step passed (no FAIL-OURS, no other test failure, smoke ok).
@@ -29,6 +36,11 @@
 #   SMOKE_TIMEOUT        seconds for smoke.py (default 900)
 #   VERIFY_PYTEST_TIMEOUT  seconds for each pytest run of upstream's tests (default 600)
 #   PORT_PY              port script to use instead of port.py (for developing this harness)
+#   PY310                the Python 3.10 of the CPU-CI step (default: python3.10 on PATH, else pyenv's 3.10.x)
+#   CPU_CI_CACHE         where the CPU-CI venvs are cached (default ${XDG_CACHE_HOME:-~/.cache}/slime-tcod/cpu-ci)
+#   CPU_CI_REBUILD=1     rebuild them; CPU_CI_TORCH  torch pin when torch comes from PyPI (default torch==2.13.0)
+#   CPU_CI_TIMEOUT       seconds for each `python tests/FILE` of the CPU-CI step (default 1800)
+#   CPU_CI_PARALLEL      files run at a time in the CPU-CI step (default 2)
 #   MEGATRON_LM_DIR      a Megatron-LM tree at upstream's pinned commit: also check the launch flags
 #   SGLANG_SERVER_ARGS   an sglang wheel (or its server_args.py) for the --sglang-* flags of that check
 set -euo pipefail
@@ -127,13 +139,14 @@ PORT="not run"
 IDEMPOTENT="not checked"
 DEPS_OK="not checked"
 CONTRACTS_SUMMARY="not run"
+CPU_CI="not run"
 SMOKE="not run"
 PR_CHECKS="not run"
 OBJECTIVE="not run"
 LAUNCH="not run"
 summary() { # the last line of every run that got this far
     say "verify.sh SUMMARY: upstream $COMMIT_SHORT | port $PORT, idempotent $IDEMPOTENT | deps $DEPS_OK |" \
-        "upstream tests: $CONTRACTS_SUMMARY | smoke: $SMOKE | PR checks: $PR_CHECKS | objective: $OBJECTIVE |" \
+        "upstream tests: $CONTRACTS_SUMMARY | CPU CI: $CPU_CI | smoke: $SMOKE | PR checks: $PR_CHECKS | objective: $OBJECTIVE |" \
         "launch flags: $LAUNCH | RESULT: $1"
 }
 fail() { # an error after which nothing else can be checked
@@ -193,6 +206,16 @@ CONTRACTS_RC=0
     --summary "$TMP/contracts-summary" || CONTRACTS_RC=$?
 CONTRACTS_SUMMARY="$(cat "$TMP/contracts-summary" 2>/dev/null || echo "did not complete")"
 
+# ---- 3b. upstream's CPU CI jobs, in their own Python 3.10 environment ----------------------------------
+step "upstream's CPU CI jobs as GitHub runs them (Python 3.10, each job's pip list, python tests/FILE)"
+CPU_CI_RC=0
+CPU_CI_START=$SECONDS
+"$PYTHON" "$HERE/cpu_ci.py" run --pristine "$TMP/pristine" --ported "$TMP/ported" --work "$TMP/cpu-ci" \
+    --summary "$TMP/cpu-ci-summary" || CPU_CI_RC=$?
+CPU_CI="$(cat "$TMP/cpu-ci-summary" 2>/dev/null || echo "did not complete")"
+CPU_CI="$CPU_CI ($((SECONDS - CPU_CI_START))s)"
+[[ $CPU_CI_RC -eq 0 ]] || CPU_CI="FAILED: $CPU_CI"
+
 # ---- 4. smoke ------------------------------------------------------------------------------------------
 step "smoke"
 SMOKE="not run (no $REL_HERE/smoke.py)"
@@ -243,7 +266,8 @@ SLIME_DIR_UNCHANGED=yes
 [[ $SLIME_DIR_UNCHANGED == yes ]] || say "WARNING: SLIME_DIR changed while this ran (not by this harness's copies)"
 
 RESULT=OK
-[[ $IDEMPOTENT == yes && $DEPS_OK == yes && $CONTRACTS_RC -eq 0 && $SMOKE_RC -eq 0 && $PR_RC -eq 0 &&
+[[ $IDEMPOTENT == yes && $DEPS_OK == yes && $CONTRACTS_RC -eq 0 && $CPU_CI_RC -eq 0 && $SMOKE_RC -eq 0 &&
+    $PR_RC -eq 0 &&
     $OBJECTIVE_RC -eq 0 && $LAUNCH_RC -eq 0 ]] || RESULT=FAILED
 summary "$RESULT"
 [[ $RESULT == OK ]]

@@ -6,7 +6,11 @@
   150 lines added under ``slime/``, at most 2,500 added in all; no upstream file replaced or losing lines;
 * no line the PR adds names this repository's runtime (``RUNTIME_NAMES``), each hit reported as file:line;
 * upstream's pinned linters (``lint.py``, upstream's settings) on every Python file the PR adds or edits;
-* the PR's CPU tests (``manifest.TEST_FILES`` except the GPU test) with ``python -m pytest`` in the ported tree;
+* the PR's tests as upstream's CI finds them (``registration_problems``): each CPU test declares
+  ``NUM_GPUS = 0``, ends in upstream's ``__main__`` runner and is registered in a CPU job of the ported
+  ``pr-test.yml.j2``; the GPU test is registered once per configuration with the GPUs it uses; the PR adds
+  no ``conftest.py``. The CPU tests *run* in ``cpu_ci.py`` (verify.sh's CPU-CI step), in upstream's CPU-CI
+  environment, with nothing stubbed by this harness: what a test needs stubbed, it stubs itself;
 * every relative link of the PR's Markdown files resolves inside the ported tree.
 
 One line per check, then the counts; exit 1 if any check failed.
@@ -16,17 +20,18 @@ from __future__ import annotations
 
 import difflib
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.slime_pr import lint, manifest  # noqa: E402
+from tools.slime_pr import cpu_ci, lint, manifest, pr_test_entry  # noqa: E402
 
 MAX_ADDED, MAX_CORE, MAX_EXAMPLE_PY, MAX_REMOVED = 2500, 150, 1000, 5
 EXAMPLE_DIR = "examples/multi_turn_tcod/"
-GPU_TEST = "tests/test_qwen3_0.6B_tcod.py"
+GPU_TEST = manifest.GPU_TEST_FILE
+MAIN_RUNNER = 'if __name__ == "__main__":\n    raise SystemExit(pytest.main([__file__]))\n'
+NUM_GPUS_LINE = re.compile(r"^NUM_GPUS\s*=\s*(\d+)", re.M)  # what upstream's changed-tests job greps
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # What only this repository's runtime has, so no PR file may name it: the repository itself, its CPU demo,
 # its environments that do not ship with the example, attributes that only its own flags set (upstream
@@ -107,6 +112,50 @@ def runtime_name_hits(rel: str, added: list[tuple[int, str]]) -> list[str]:
     return hits
 
 
+def registration_problems(ported: Path, conftests: list[str]) -> list[str]:
+    """What keeps upstream's CI from running the PR's tests as intended (one line each)."""
+    problems = [f"{rel}: the PR adds a conftest.py; a test stubs what it needs itself" for rel in conftests]
+    for rel in manifest.TEST_FILES:
+        path = ported / rel
+        if not path.is_file():
+            problems.append(f"{rel}: not in the ported tree")
+            continue
+        text = path.read_text()
+        gpus = NUM_GPUS_LINE.findall(text)
+        want = "0" if rel in manifest.CPU_TEST_FILES else str(pr_test_entry.GPU_CONFIGS[0][2])
+        if gpus[:1] != [want]:
+            problems.append(f"{rel}: NUM_GPUS is {gpus[0] if gpus else 'not set'}, want {want}")
+        if rel in manifest.CPU_TEST_FILES and not text.endswith(MAIN_RUNNER):
+            problems.append(f"{rel}: does not end with upstream's runner {MAIN_RUNNER.splitlines()[1].strip()!r}")
+    try:
+        rendered = cpu_ci.render(ported)["jobs"]
+        cpu = {rel for job in cpu_ci.cpu_jobs(ported) for rel, _ in job.tests}
+    except Exception as err:  # noqa: BLE001 - a template that does not render is itself the finding
+        return problems + [f"{pr_test_entry.TEMPLATE} does not render: {type(err).__name__}: {err}"]
+    problems += [f"{rel}: not registered in a CPU job" for rel in manifest.CPU_TEST_FILES if rel not in cpu]
+    gpu_name = GPU_TEST.removeprefix("tests/")
+    want = sorted((f"--tcod-mode {m} --opd-type {o}", n) for m, o, n in pr_test_entry.GPU_CONFIGS)
+    registered = False
+    for name, job in rendered.items():
+        if job.get("runs-on") == "ubuntu-latest":
+            continue
+        got = sorted((e.get("test_args", ""), e.get("num_gpus")) for e in _matrix_entries(job)
+                     if e.get("test_file") == gpu_name)
+        registered |= bool(got)
+        if got and got != want:
+            problems.append(f"{GPU_TEST} in job {name}: entries {got}, want {want}")
+    if not registered:
+        problems.append(f"{GPU_TEST}: not registered in any GPU job")
+    return problems
+
+
+def _matrix_entries(job) -> list[dict]:
+    """A rendered job's ``strategy.matrix.info`` entries ([] for a matrix computed at run time)."""
+    matrix = job.get("strategy", {}).get("matrix") if isinstance(job.get("strategy"), dict) else None
+    info = matrix.get("info") if isinstance(matrix, dict) else None
+    return [e for e in info if isinstance(e, dict)] if isinstance(info, list) else []
+
+
 def example_python_lines(ported: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in sorted((ported / EXAMPLE_DIR).rglob("*.py")))
 
@@ -133,16 +182,12 @@ def main(argv=None) -> int:
     for line in findings[:20]:
         print(f"      {line}")
 
-    tests = [t for t in manifest.TEST_FILES if t != GPU_TEST]
-    # sglang, ray and sglang_router (in upstream's image, not installable here) are stubbed as smoke.py does.
-    runner = (
-        f"import sys; sys.path.insert(0, {str(manifest.REPO)!r}); from tools.slime_pr import stubs; "
-        f"sys.path[0] = {str(ported)!r}; stubs.install(('ray', 'sglang', 'sglang_router')); "
-        f"import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', *{tests!r}]))"
-    )
-    out = subprocess.run([sys.executable, "-c", runner], cwd=ported, capture_output=True, text=True)
-    summary = (out.stdout.strip().splitlines() or ["no output"])[-1]
-    check(out.returncode == 0, f"the PR's CPU tests in the ported tree: {summary}")
+    problems = registration_problems(ported, [rel for rel in files if rel.endswith("conftest.py")])
+    n_cpu = len(manifest.CPU_TEST_FILES)
+    check(not problems, f"the PR's tests as upstream's CI runs them ({n_cpu} CPU, 1 GPU in "
+                        f"{len(pr_test_entry.GPU_CONFIGS)} configurations): {len(problems)} problems")
+    for line in problems:
+        print(f"      {line}")
 
     dead = []
     for rel in [r for r in files if r.endswith(".md")]:

@@ -1,0 +1,325 @@
+"""CPU end-to-end TCOD smoke test: F2B and B2F curricula through upstream's own rollout and training-data code.
+
+Only the edges are faked: a student and a teacher SGLang ``/generate`` server on loopback, whose log-probs
+come from two seeded tiny bigram models built here; a character-level ChatML tokenizer saved to a temporary
+``--hf-checkpoint``; and stand-ins for the sglang / sglang_router / Megatron modules the CPU CI lacks.
+Everything between them is upstream's: ``parse_args``, the data source, ``generate_rollout`` and
+``generate_and_rm``, the OPD hooks ``reward_func`` / ``post_process_rewards``,
+``RolloutManager._get_rollout_data`` / ``_convert_samples_to_train_data`` and
+``compute_advantages_and_returns``, with the TCOD agent loop (``examples/multi_turn_tcod``) on gridnav.
+"""
+
+import argparse
+import importlib.util
+import itertools
+import json
+import re
+import string
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
+    sys.path.insert(0, str(REPO_ROOT))
+
+NUM_GPUS = 0
+
+UPSTREAM_PIECES = {
+    "slime/ray/rollout.py": "def _convert_samples_to_train_data(",
+    "slime/backends/megatron_utils/loss.py": "def compute_advantages_and_returns(",
+    "slime/rollout/sglang_rollout.py": "async def generate_and_rm(",
+}
+_absent = [
+    p
+    for p, text in UPSTREAM_PIECES.items()
+    if not (REPO_ROOT / p).is_file() or text not in (REPO_ROOT / p).read_text()
+]
+if _absent:  # this module runs in upstream's tree; a runtime without those pieces skips it
+    pytest.skip(f"upstream slime's rollout pieces are absent here: {', '.join(_absent)}", allow_module_level=True)
+
+
+def _megatron_parse_args(extra_args_provider=None, ignore_unknown_args=False):
+    """Megatron-LM's ``parse_args`` reduced to the flags slime's argument code reads, plus slime's own groups."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--fp16", action="store_true")
+    for flag in ("--seq-length", "--max-position-embeddings", "--vocab-size"):
+        parser.add_argument(flag, type=int, default=None)
+    for flag in ("--tokenizer-model", "--tokenizer-type"):
+        parser.add_argument(flag, type=str, default=None)
+    return extra_args_provider(parser).parse_known_args()[0]
+
+
+def _add_sglang_server_args(parser):
+    """SGLang's ``ServerArgs.add_cli_args``, reduced to the flags slime reads (registered as ``--sglang-*``)."""
+    for flag in ("--dp-size", "--pp-size", "--ep-size", "--moe-dp-size"):
+        parser.add_argument(flag, type=int, default=1)
+
+
+SINGLE_RANK_MPU = types.SimpleNamespace(
+    is_pipeline_last_stage=lambda *args, **kwargs: True,
+    get_context_parallel_rank=lambda: 0,
+    get_context_parallel_world_size=lambda: 1,
+)
+STUBS = {  # installed only where the real package is missing, as in the CPU CI
+    "sglang": {
+        "sglang.srt": {},
+        "sglang.srt.constants": dict.fromkeys(
+            ("GPU_MEMORY_TYPE_CUDA_GRAPH", "GPU_MEMORY_TYPE_KV_CACHE", "GPU_MEMORY_TYPE_WEIGHTS"), "unused"
+        ),
+        "sglang.srt.server_args": {"ServerArgs": types.SimpleNamespace(add_cli_args=_add_sglang_server_args)},
+        "sglang.srt.utils": {"kill_process_tree": lambda *args, **kwargs: None},
+    },
+    "sglang_router": {
+        "sglang_router.launch_router": {"RouterArgs": types.SimpleNamespace(add_cli_args=lambda *a, **k: None)},
+    },
+    "megatron": {
+        "megatron.core": {"mpu": SINGLE_RANK_MPU},
+        "megatron.training": {},
+        "megatron.training.arguments": {"parse_args": _megatron_parse_args, "validate_args": lambda args: args},
+        "megatron.training.tokenizer": {},
+        "megatron.training.tokenizer.tokenizer": {"_vocab_size_with_padding": lambda vocab_size, args: vocab_size},
+    },
+}
+for _package, _modules in STUBS.items():
+    if _package not in sys.modules and importlib.util.find_spec(_package) is None:
+        for _name, _attrs in {_package: {}, **_modules}.items():
+            sys.modules[_name] = types.ModuleType(_name)
+            vars(sys.modules[_name]).update(_attrs)
+
+from aiohttp import web  # noqa: E402
+from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from slime.agent.aiohttp_threaded import run_app_in_thread  # noqa: E402
+from slime.backends.megatron_utils import loss  # noqa: E402
+from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training  # noqa: E402
+from slime.ray.rollout import RolloutManager  # noqa: E402
+from slime.rollout.sample_hooks import set_current_rollout_id  # noqa: E402
+from slime.rollout.sglang_rollout import GenerateState  # noqa: E402
+from slime.utils.arguments import parse_args  # noqa: E402
+from slime.utils.http_utils import init_http_client  # noqa: E402
+from slime.utils.misc import load_function  # noqa: E402
+
+ROLLOUT_IDS = range(5)  # --tcod-eta 1: depth k(n) = n + 1 grows past every expert length (3 or 4)
+OPD_KL_COEF = 0.5
+# Qwen3's template: with enable_thinking=False an empty think block opens the assistant turn.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+POSITION = re.compile(r"at (\d+),(\d+) goal (\d+),(\d+)")
+STUDENT_TURN = re.compile(r"<think>\n[^<]+\n</think>\n\n(up|down|left|right)<\|im_end\|>")
+REPLAYED_TURN = re.compile(r"(?:^|<\|im_start\|>assistant\n)(up|down|left|right)<\|im_end\|>")
+
+
+class TinyLM:
+    """A seeded bigram model with a position embedding: ``log p(ids[t] | ids[t-1], t)``, so a shift shows."""
+
+    def __init__(self, vocab_size: int, seed: int, dim: int = 8, max_len: int = 8192):
+        generator = torch.Generator().manual_seed(seed)
+        self.embed = torch.randn(vocab_size, dim, generator=generator)
+        self.position = torch.randn(max_len, dim, generator=generator)
+        self.head = torch.randn(dim, vocab_size, generator=generator)
+
+    def token_logprobs(self, ids: list[int]) -> list[float]:
+        """The log-prob of each of ``ids[1:]`` given what precedes it."""
+        ids = torch.tensor(ids)
+        logits = (self.embed[ids[:-1]] + self.position[1 : len(ids)]) @ self.head
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[1:, None]).squeeze(-1).tolist()
+
+
+def qwen3_reply(context: str) -> str:
+    """A thinking reply that steps toward the goal of the last observation (the grids have no walls)."""
+    x, y, goal_x, goal_y = map(int, POSITION.findall(context)[-1])
+    move = "right" if goal_x > x else "left" if goal_x < x else "down" if goal_y > y else "up"
+    return f"<think>\nThe goal is {goal_x - x} across and {goal_y - y} down, so one step {move}.\n</think>\n\n{move}"
+
+
+class FakeSGLang:
+    """SGLang's native HTTP API on loopback: the student replies, the teacher scores the whole trajectory."""
+
+    def __init__(self, tokenizer, model: TinyLM, student: bool):
+        self.tokenizer, self.model, self.student, self.requests = tokenizer, model, student, []
+        self.stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        app = web.Application()
+        app.router.add_post("/generate", self.generate)
+        app.router.add_get("/workers", self.workers)  # what upstream's abort() asks after a rollout
+        app.router.add_post("/abort_request", self.idle)
+        app.router.add_get("/v1/loads", self.idle)
+        self.handle = run_app_in_thread(app, host="127.0.0.1", port=0, thread_name="fake-sglang")
+        self.url = f"http://127.0.0.1:{self.handle.port}"
+
+    async def workers(self, request):
+        return web.json_response({"workers": [{"url": self.url}]})
+
+    async def idle(self, request):
+        return web.json_response({"num_reqs": 0})
+
+    async def generate(self, request):
+        payload = await request.json()
+        self.requests.append(payload)
+        ids = payload["input_ids"]
+        if not self.student:  # upstream's OPD reward_func: max_new_tokens 0, logprob_start_len 0
+            entries = [[None, ids[0], None]] + [
+                [lp, i, None] for lp, i in zip(self.model.token_logprobs(ids), ids[1:], strict=True)
+            ]
+            meta = {"input_token_logprobs": entries, "output_token_logprobs": [], "finish_reason": {"type": "length"}}
+            return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
+        reply = self.tokenizer.encode(qwen3_reply(self.tokenizer.decode(ids)), add_special_tokens=False)
+        reply = (reply + [self.stop_id])[: payload["sampling_params"]["max_new_tokens"]]
+        log_probs = self.model.token_logprobs(ids + reply)[len(ids) - 1 :]
+        finish = {"type": "stop", "matched": self.stop_id} if reply[-1] == self.stop_id else {"type": "length"}
+        meta = {
+            "output_token_logprobs": [[lp, i, None] for lp, i in zip(log_probs, reply, strict=True)],
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(reply),
+        }
+        return web.json_response({"text": self.tokenizer.decode(reply), "output_ids": reply, "meta_info": meta})
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory):
+    """Character-level ChatML tokenizer, ``<think>`` an added non-special token as in Qwen3, saved for upstream's
+    ``load_tokenizer(args.hf_checkpoint)``."""
+    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    path = tmp_path_factory.mktemp("hf_checkpoint")
+    tokenizer.save_pretrained(path)
+    return path, tokenizer
+
+
+@pytest.fixture(scope="module")
+def servers(hf_checkpoint):
+    _, tokenizer = hf_checkpoint
+    student = FakeSGLang(tokenizer, TinyLM(len(tokenizer), seed=1), student=True)
+    teacher = FakeSGLang(tokenizer, TinyLM(len(tokenizer), seed=2), student=False)
+    yield student, teacher
+    student.handle.stop()
+    teacher.handle.stop()
+
+
+def upstream_args(monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode):
+    """The run's args as upstream parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
+    (nor its HF config check); this test converts the samples and computes the advantages itself."""
+    rows = task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env = "examples.multi_turn_tcod.envs.gridnav"
+    config = {"max_turns": 8, "max_turn_response_len": 128, "rollout_interaction_env_path": env}
+    (tmp_path / "tcod.yaml").write_text(yaml.safe_dump(config))
+    argv = f"""train.py --debug-rollout-only --hf-checkpoint {hf_checkpoint}
+        --prompt-data {tmp_path}/train.jsonl --input-key input --label-key label --num-rollout {len(ROLLOUT_IDS)}
+        --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-response-len 2048 --rollout-temperature 1.0
+        --rollout-num-gpus 1 --rollout-num-gpus-per-engine 1 --sglang-router-ip 127.0.0.1 --sglang-router-port
+        {student.handle.port} --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
+        --custom-config-path {tmp_path}/tcod.yaml --use-opd --opd-type sglang --opd-kl-coef {OPD_KL_COEF}
+        --custom-rm-path slime.rollout.on_policy_distillation.reward_func --rm-url {teacher.url}/generate
+        --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
+        --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1"""
+    monkeypatch.setattr(sys, "argv", argv.split())
+    return parse_args()
+
+
+_RolloutManager = RolloutManager.__ray_actor_class__  # the class under @ray.remote
+
+
+class RolloutManagerState:
+    """What ``RolloutManager.__init__`` sets up for these methods, without Ray or engines; the methods are upstream's."""
+
+    _get_rollout_data = _RolloutManager._get_rollout_data
+    _post_process_rewards = _RolloutManager._post_process_rewards
+    _convert_samples_to_train_data = _RolloutManager._convert_samples_to_train_data
+
+    def __init__(self, args):
+        self.args = args
+        init_http_client(args)
+        self.data_source = load_function(args.data_source_path)(args)
+        self.generate_rollout = load_function(args.rollout_function_path)
+        self.custom_reward_post_process_func = load_function(args.custom_reward_post_process_path)
+        self.custom_convert_samples_to_train_data_func = None
+
+    def train_data(self, rollout_id: int):
+        """One rollout as ``RolloutManager.generate`` makes it, then the trainer's advantages."""
+        set_current_rollout_id(rollout_id)
+        samples, _ = self._get_rollout_data(rollout_id=rollout_id)
+        data = self._convert_samples_to_train_data(samples)
+        tensorize_rollout_data_for_training(data)  # what _split_train_data_by_dp ships to the trainer
+        loss.compute_advantages_and_returns(self.args, data)
+        return samples, data
+
+
+def mask_runs(tokenizer, sample) -> list[tuple[int, str]]:
+    """The response as (loss mask, text) runs."""
+    response = sample.tokens[len(sample.tokens) - sample.response_length :]
+    runs = itertools.groupby(zip(sample.loss_mask, response, strict=True), key=lambda pair: pair[0])
+    return [(mask, tokenizer.decode([token for _, token in run])) for mask, run in runs]
+
+
+@pytest.mark.parametrize("mode", ["f2b", "b2f"])
+def test_tcod_curriculum_trains_pure_opd_through_upstream_rollout(monkeypatch, tmp_path, hf_checkpoint, servers, mode):
+    path, tokenizer = hf_checkpoint
+    student, teacher = servers
+    monkeypatch.setattr(loss, "mpu", SINGLE_RANK_MPU)  # one rank, also where a real Megatron is installed
+    GenerateState.clear_instances()  # the singleton keeps the args it was first built with
+    manager = RolloutManagerState(upstream_args(monkeypatch, tmp_path, path, student, teacher, mode))
+    for rollout_id in ROLLOUT_IDS:
+        student.requests.clear()
+        teacher.requests.clear()
+        samples, data = manager.train_data(rollout_id)
+        depth = rollout_id + 1
+        assert len(samples) == 4 and data["rewards"] == [0.0] * 4  # pure distillation
+        assert sorted(r["input_ids"] for r in teacher.requests) == sorted(s.tokens for s in samples)
+        for request in teacher.requests:
+            assert request["return_logprob"] and request["logprob_start_len"] == 0
+            assert request["sampling_params"]["max_new_tokens"] == 0
+        assert len(student.requests) == sum(s.metadata["num_turns"] for s in samples)
+
+        for i, sample in enumerate(samples):
+            expert, md = sample.metadata["expert_actions"], sample.metadata
+            prefix = max(0, len(expert) - depth) if mode == "b2f" else 0
+            assert md["num_turns"] <= depth and md["prefix_turns"] == prefix, (rollout_id, md)
+            assert md["num_turns"] == min(depth, len(expert) - prefix)  # the student walks the shortest path
+            assert md["success"] == (mode == "b2f" or depth >= len(expert)) and not sample.remove_sample
+
+            runs = mask_runs(tokenizer, sample)
+            trained = [text for m, text in runs if m]
+            masked = "".join(text for m, text in runs if not m)
+            assert len(trained) == md["num_turns"] and all(STUDENT_TURN.fullmatch(t) for t in trained)
+            assert REPLAYED_TURN.findall(masked) == expert[:prefix]  # B2F's replayed turns are not trained
+            assert masked.count("<|im_start|>user\n") == prefix + md["num_turns"] - 1  # observations are masked
+            assert data["loss_masks"][i].tolist() == sample.loss_mask
+
+            # Both models scored independently on the final trajectory: a shift by one token changes the numbers.
+            start = len(sample.tokens) - sample.response_length - 1
+            student_lp = torch.tensor(student.model.token_logprobs(sample.tokens)[start:])
+            teacher_lp = torch.tensor(teacher.model.token_logprobs(sample.tokens)[start:])
+            mask = data["loss_masks"][i].float()
+            torch.testing.assert_close(data["teacher_log_probs"][i], teacher_lp)
+            torch.testing.assert_close(data["rollout_log_probs"][i], student_lp * mask)
+            # Upstream leaves masked positions to the loss mask: the policy loss weights advantages by it.
+            torch.testing.assert_close(
+                data["advantages"][i] * mask, -OPD_KL_COEF * (student_lp - teacher_lp) * mask, rtol=1e-5, atol=1e-5
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__]))
