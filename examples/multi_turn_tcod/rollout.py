@@ -47,8 +47,13 @@ class EnvironmentFault(RuntimeError):
     """The environment raised, hung or broke its contract: the episode fails, the run goes on."""
 
 
-async def in_thread(timeout: float, fn, *call_args):
-    """``fn(*call_args)`` off the event loop (environments may block); ``asyncio.TimeoutError`` after ``timeout`` s."""
+async def in_thread(timeout: float, fn, *call_args, env=None):
+    """``fn(*call_args)`` off the event loop (environments may block); ``asyncio.TimeoutError`` after ``timeout`` s.
+
+    An env with ``blocking = False`` (pure Python, fast) is called on the event loop: no thread hop, no timeout.
+    """
+    if not getattr(env, "blocking", True):
+        return fn(*call_args)
     if sys.version_info < (3, 11):
         return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
     async with asyncio.timeout(timeout):  # wait_for's body from Python 3.12; 3.11's wait_for adds a task a call
@@ -98,7 +103,7 @@ class Episode:
     async def env_call(self, fn, *call_args):
         """``fn(*call_args)`` off the event loop (environments may block), bounded by ``env_step_timeout``."""
         try:
-            return await in_thread(self.timeout, fn, *call_args)
+            return await in_thread(self.timeout, fn, *call_args, env=self.env)
         except asyncio.TimeoutError:
             raise EnvironmentFault(
                 f"{fn.__name__}() did not return within {self.timeout:g} s (env_step_timeout)"
@@ -249,7 +254,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     finally:
         if ep.env is not None and hasattr(ep.env, "close"):
             try:
-                await in_thread(ep.timeout, ep.env.close)
+                await in_thread(ep.timeout, ep.env.close, env=ep.env)
             except Exception as err:  # a close that fails does not undo the episode
                 logger.warning("env.close() failed for sample %s: %r", sample.index, err)
     sample.status = STATUS.get(outcome, Sample.Status.TRUNCATED)

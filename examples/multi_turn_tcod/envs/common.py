@@ -93,6 +93,7 @@ class PuzzleEnv:
 
     name = "puzzle"
     valid_actions_hint = ""
+    blocking = False  # pure Python and fast: the agent loop calls it on the event loop, not in a thread
 
     def __init__(self, metadata: dict):
         self.metadata = dict(metadata)
