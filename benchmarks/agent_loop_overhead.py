@@ -22,7 +22,12 @@ The engine costs nothing, so both rates are the client's Python (plus the in-pro
 per request on both sides). ``ratio = agent turns/s / single requests/s``: 1.0 means a turn of the agent
 loop costs no more CPU than a single-turn request, i.e. the loop adds nothing an engine would have to
 wait for; 0.5 means the loop spends as much again on its own work (environment step, observation
-rendering and tokenization, bookkeeping) as the request itself.
+rendering and tokenization, bookkeeping) as the request itself. Each row also gives the process CPU
+time per turn and per request (all threads) of the best run, which a busy machine disturbs less than
+the wall time. Neither side keeps its samples after counting them.
+
+The single side is this runtime's generate; upstream THUDM/slime's own ``sglang_rollout.generate`` (a
+checkout in ``$SLIME_DIR``) needs its full argument set and SGLang installed, so it is not run here.
 
     python benchmarks/agent_loop_overhead.py [--in-flight 64 256] [--repeats 3] [--turns-per-run 2048] [--json OUT]
         [--profile OUT.prof]     # cProfile of one agent run at the first --in-flight value, top 25 printed
@@ -258,10 +263,11 @@ def main():
     opts = parser.parse_args()
     results = asyncio.run(main_async(opts))
     print()
-    print("| in flight | agent turns/s | single-turn requests/s | ratio |")
-    print("|---:|---:|---:|---:|")
+    print("| in flight | agent turns/s | single-turn requests/s | ratio | CPU us per turn / per request |")
+    print("|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['in_flight']} | {r['agent_turns_per_s']:.0f} | {r['single_requests_per_s']:.0f} | {r['ratio']:.2f} |")
+        print(f"| {r['in_flight']} | {r['agent_turns_per_s']:.0f} | {r['single_requests_per_s']:.0f} | "
+              f"{r['ratio']:.2f} | {r['agent_cpu_us_per_turn']:.0f} / {r['single_cpu_us_per_request']:.0f} |")
     if opts.json:
         Path(opts.json).write_text(json.dumps(results, indent=2) + "\n")
 

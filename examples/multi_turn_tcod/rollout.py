@@ -50,7 +50,8 @@ class EnvironmentFault(RuntimeError):
 async def in_thread(timeout: float, fn, *call_args, env=None):
     """``fn(*call_args)`` off the event loop (environments may block); ``asyncio.TimeoutError`` after ``timeout`` s.
 
-    An env with ``blocking = False`` (pure Python, fast) is called on the event loop: no thread hop, no timeout.
+    An env (or env module, for ``build_env``) with ``blocking = False`` (pure Python, fast) is called on the
+    event loop: no thread hop, no timeout.
     """
     if not getattr(env, "blocking", True):
         return fn(*call_args)
@@ -100,10 +101,10 @@ class Episode:
         room = self.max_response - self.sample.response_length
         return room if self.max_tokens is None else min(room, self.max_tokens - len(self.sample.tokens))
 
-    async def env_call(self, fn, *call_args):
+    async def env_call(self, fn, *call_args, owner=None):
         """``fn(*call_args)`` off the event loop (environments may block), bounded by ``env_step_timeout``."""
         try:
-            return await in_thread(self.timeout, fn, *call_args, env=self.env)
+            return await in_thread(self.timeout, fn, *call_args, env=owner or self.env)
         except asyncio.TimeoutError:
             raise EnvironmentFault(
                 f"{fn.__name__}() did not return within {self.timeout:g} s (env_step_timeout)"
@@ -193,8 +194,8 @@ async def replay_expert_prefix(ep: Episode, plan: dict):
 async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
     """Reset, replay the B2F prefix, then the student's turns; returns the outcome."""
     sample = ep.sample
-    build_env = load_env_module(ep.args.rollout_interaction_env_path).build_env
-    ep.env = await ep.env_call(build_env, sample, ep.args)
+    module = load_env_module(ep.args.rollout_interaction_env_path)
+    ep.env = await ep.env_call(module.build_env, sample, ep.args, owner=module)
     if ep.env is None:
         raise EnvironmentFault("build_env(sample, args) returned None")
     observation = await ep.env_call(ep.env.reset)

@@ -18,6 +18,7 @@ from collections import deque
 from .common import PuzzleEnv, int_param, pick_params, sample_metadata, task_rng
 
 MOVES = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # order = expert tie-break
+blocking = False  # build_env is cheap: the agent loop calls it on the event loop
 _MAX_LAYOUT_TRIES = 2000
 
 
