@@ -107,10 +107,11 @@ def tasks():
     return list(task_rows("gridnav", 3, seed=0, params={"size": 5}, min_len=4, max_len=8))
 
 
-def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000):
+def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000, state=None):
     engine = ScriptedEngine(tokenizer, policy)
+    state = state or FakeState(tokenizer)
     monkeypatch.setattr(rollout, "post", engine.post)
-    monkeypatch.setattr(rollout, "GenerateState", lambda args: FakeState(tokenizer))
+    monkeypatch.setattr(rollout, "GenerateState", lambda args: state)
     sample_hooks.set_current_rollout_id(step)
     sample = Sample(index=0, prompt=row["input"], label=row["label"], metadata=dict(row["metadata"]))
     params = {"temperature": 1.0, "max_new_tokens": max_new_tokens}
@@ -218,6 +219,32 @@ def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokeni
     assert sample.metadata["success"] and sample.reward == sample.metadata["task_reward"] > 0
     assert sample.metadata["episode_plan"]["mode"] == "full"
     assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 128  # the turn limit, within eval's 5000
+    sample, engine = play(
+        monkeypatch, tokenizer, make_args(), row, 6, lambda i: "noop", evaluation=True, max_new_tokens=60
+    )
+    assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 59  # eval's own budget, one kept to close
+    assert sample.response_length <= 60 and sample.metadata["outcome"] == "context_full"
+
+
+def test_b2f_replay_that_outgrows_the_budget_ends_the_episode(monkeypatch, tokenizer, tasks):
+    args = make_args(tcod_mode="b2f", tcod_eta=100)
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[1], 0, lambda i: "noop", max_new_tokens=40)
+    assert sample.metadata["outcome"] == "context_full" and sample.status == Sample.Status.TRUNCATED
+    assert not engine.requests and sample.remove_sample and sample.response_length <= 40
+
+
+def test_no_request_once_the_rollout_is_aborted_during_an_env_step(monkeypatch, tokenizer, tasks):
+    state = FakeState(tokenizer)
+    real_step = gridnav_module.GridNavEnv.step
+
+    def step_then_abort(self, response_text):  # upstream's abort() lands while the env is stepping
+        state.aborted = True
+        return real_step(self, response_text)
+
+    monkeypatch.setattr(gridnav_module.GridNavEnv, "step", step_then_abort)
+    sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False), tasks[0], 0, lambda i: "up", state=state)
+    assert len(engine.requests) == 1 and sample.status == Sample.Status.ABORTED
+    assert sample.metadata["outcome"] == "aborted"
 
 
 def test_megatron_teacher_trains_pure_opd(monkeypatch, tokenizer, tasks):

@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import logging
 import math
+import numbers
 import sys
 from pathlib import Path
 
@@ -120,7 +121,7 @@ class Episode:
         observation, done, info = out
         info = info or {}
         reward = info.get("reward", 0.0)
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
             raise EnvironmentFault(f"step() gave info['reward'] = {reward!r}; it must be a finite number")
         self.turn_rewards.append(float(reward))
         self.total_reward += self.turn_rewards[-1]
@@ -129,8 +130,10 @@ class Episode:
 
     def append_observation(self, observation) -> bool:
         """Append the next user turn (masked); False when it does not fit the budget."""
-        message = self.env.format_observation(observation)
-        ids = encode_observation(self.tokenizer, message, self.template_kwargs)
+        try:
+            ids = encode_observation(self.tokenizer, self.env.format_observation(observation), self.template_kwargs)
+        except Exception as err:
+            raise EnvironmentFault(f"format_observation(): {type(err).__name__}: {err}") from err
         if len(ids) + 2 > self.room():  # the student's next turn needs a token and its closing <|im_end|>
             return False
         self.sample.append_response_tokens(self.args, tokens=ids, trainable=False)

@@ -161,25 +161,3 @@ class PuzzleEnv:
     def expert_actions(self) -> list[str]:
         """The optimal action sequence from the reset state (the same for every call)."""
         return list(self._expert)
-
-    # --------------------------------------------------------------- to implement
-    def _initial_state(self):
-        raise NotImplementedError
-
-    def _parse(self, action: str):
-        raise NotImplementedError
-
-    def _apply(self, state, move):
-        raise NotImplementedError
-
-    def _distance(self, state) -> int:
-        raise NotImplementedError
-
-    def _solve(self, state) -> list[str]:
-        raise NotImplementedError
-
-    def _describe(self, state) -> str:
-        raise NotImplementedError
-
-    def _observe(self, state) -> str:
-        raise NotImplementedError
