@@ -183,6 +183,8 @@ class FakeSGLang:
             "prompt_tokens": len(ids),
             "completion_tokens": len(reply),
         }
+        if payload["sampling_params"].get("custom_params", {}).get("return_top_p_token_ids"):  # --rollout-top-p < 1
+            meta |= {"top_p_token_ids": reply, "top_p_token_offsets": list(range(len(reply) + 1))}
         return web.json_response({"text": self.tokenizer.decode(reply), "output_ids": reply, "meta_info": meta})
 
 
@@ -218,7 +220,7 @@ def servers(hf_checkpoint):
     teacher.handle.stop()
 
 
-def upstream_args(monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode):
+def upstream_args(monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, top_p):
     """The run's args as upstream parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
     (nor its HF config check); this test converts the samples and computes the advantages itself."""
     rows = task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4)
@@ -234,7 +236,7 @@ def upstream_args(monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode):
         --custom-config-path {tmp_path}/tcod.yaml --use-opd --opd-type sglang --opd-kl-coef {OPD_KL_COEF}
         --custom-rm-path slime.rollout.on_policy_distillation.reward_func --rm-url {teacher.url}/generate
         --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
-        --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1"""
+        --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1 --rollout-top-p {top_p}"""
     monkeypatch.setattr(sys, "argv", argv.split())
     return parse_args()
 
@@ -274,13 +276,15 @@ def mask_runs(tokenizer, sample) -> list[tuple[int, str]]:
     return [(mask, tokenizer.decode([token for _, token in run])) for mask, run in runs]
 
 
-@pytest.mark.parametrize("mode", ["f2b", "b2f"])
-def test_tcod_curriculum_trains_pure_opd_through_upstream_rollout(monkeypatch, tmp_path, hf_checkpoint, servers, mode):
+@pytest.mark.parametrize("mode,top_p", [("f2b", 1.0), ("b2f", 1.0), ("b2f", 0.9)])
+def test_tcod_curriculum_trains_pure_opd_through_upstream_rollout(
+    monkeypatch, tmp_path, hf_checkpoint, servers, mode, top_p
+):
     path, tokenizer = hf_checkpoint
     student, teacher = servers
     monkeypatch.setattr(loss, "mpu", SINGLE_RANK_MPU)  # one rank, also where a real Megatron is installed
     GenerateState.clear_instances()  # the singleton keeps the args it was first built with
-    manager = RolloutManagerState(upstream_args(monkeypatch, tmp_path, path, student, teacher, mode))
+    manager = RolloutManagerState(upstream_args(monkeypatch, tmp_path, path, student, teacher, mode, top_p))
     for rollout_id in ROLLOUT_IDS:
         student.requests.clear()
         teacher.requests.clear()
@@ -307,6 +311,7 @@ def test_tcod_curriculum_trains_pure_opd_through_upstream_rollout(monkeypatch, t
             assert REPLAYED_TURN.findall(masked) == expert[:prefix]  # B2F's replayed turns are not trained
             assert masked.count("<|im_start|>user\n") == prefix + md["num_turns"] - 1  # observations are masked
             assert data["loss_masks"][i].tolist() == sample.loss_mask
+            assert top_p == 1.0 or len(sample.rollout_top_p_token_offsets) == sample.response_length + 1
 
             # Both models scored independently on the final trajectory: a shift by one token changes the numbers.
             start = len(sample.tokens) - sample.response_length - 1

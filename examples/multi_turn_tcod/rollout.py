@@ -209,6 +209,8 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
         observation = ep.env.format_observation(observation)["content"]
     sample.tokens = encode_prompt(ep.tokenizer, observation, ep.template_kwargs)
     sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
+    if getattr(ep.args, "rollout_top_p", 1.0) != 1.0:  # top-p spans from the start: B2F's prefix is masked
+        sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = [], [0]
     prefix_turns = 0
     if plan["mode"] == "b2f":
         prefix_turns, end = await replay_prefix(ep, plan)
