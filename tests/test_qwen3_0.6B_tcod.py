@@ -2,16 +2,10 @@
 
     python tests/test_qwen3_0.6B_tcod.py [--tcod-mode {f2b,b2f}] [--opd-type {sglang,megatron}]
 
-One configuration per run (default: F2B with the teacher on an SGLang server); the CI registers each
-configuration as its own entry with its ``test_args`` and the GPUs it uses (sglang: 3, megatron: 2).
-Qwen3 thinks before it acts: turns get 512 tokens (the official TCOD budget), and ``tcod/turns_cut``
-logs how many thinking turns did not finish.
-
-The teacher is the student's own checkpoint (self-distillation, as in test_qwen2.5_0.5B_opd_sglang.py):
-``--opd-type megatron`` loads the teacher into the actor's model, so it must share the student's
-architecture, and one model keeps the four runs alike. ``--ci-test`` makes the rollout-log hook
-(examples/multi_turn_tcod/metrics.py) assert, at every rollout, the curriculum depth (F2B: no episode
-plays more turns) and, with the teacher server, that it scored every trajectory.
+One configuration per run, each its own CI entry (sglang: 3 GPUs, megatron: 2). Qwen3 thinks first:
+512-token turns, as the official TCOD code. The teacher is the student's own checkpoint (as in
+test_qwen2.5_0.5B_opd_sglang.py); ``--ci-test`` makes the rollout-log hook assert the curriculum depth
+and, with the teacher server, that it scored every trajectory.
 """
 
 import os

@@ -1,12 +1,7 @@
-"""CPU end-to-end TCOD smoke test: F2B and B2F curricula through upstream's own rollout and training-data code.
+"""CPU end-to-end TCOD test: F2B and B2F through upstream's own rollout and training-data code.
 
-Only the edges are faked: a student and a teacher SGLang ``/generate`` server on loopback, whose log-probs
-come from two seeded tiny bigram models built here; a character-level ChatML tokenizer saved to a temporary
-``--hf-checkpoint``; and stand-ins for the sglang / sglang_router / Megatron modules the CPU CI lacks.
-Everything between them is upstream's: ``parse_args``, the data source, ``generate_rollout`` and
-``generate_and_rm``, the OPD hooks ``reward_func`` / ``post_process_rewards``,
-``RolloutManager._get_rollout_data`` / ``_convert_samples_to_train_data`` and
-``compute_advantages_and_returns``, with the TCOD agent loop (``examples/multi_turn_tcod``) on gridnav.
+Faked are only the edges: student and teacher ``/generate`` servers on loopback (log-probs from two seeded
+tiny bigram models), a character-level tokenizer, and the sglang / Megatron modules the CPU CI lacks.
 """
 
 import argparse

@@ -285,6 +285,22 @@ def test_environment_calls_leave_the_event_loop_unless_the_env_does_not_block(mo
     assert threads == [False, True]  # a worker thread, then the event loop's own
 
 
+def test_a_reset_without_observation_starts_from_the_sample_prompt(monkeypatch, tokenizer, tasks):
+    real_reset = gridnav_module.GridNavEnv.reset
+
+    def reset_to_nothing(self):  # upstream's geo3k env resets to ({}, info)
+        real_reset(self)
+        return {}, {}
+
+    monkeypatch.setattr(gridnav_module.GridNavEnv, "reset", reset_to_nothing)
+    row = dict(tasks[0], input="Walk to the goal.")
+    sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False, max_turns=1), row, 0, lambda i: "up")
+    assert (
+        tokenizer.decode(engine.requests[0]["input_ids"])
+        == "<|im_start|>user\nWalk to the goal.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
 def test_environment_contract(tasks):
     row = tasks[0]
     env = build_env(sample=Sample(metadata=dict(row["metadata"])), args=None)

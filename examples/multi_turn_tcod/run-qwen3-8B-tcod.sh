@@ -9,9 +9,7 @@
 #              the student plays the last k turns); k grows by one every ETA rollout steps up to max_turns
 #   STUDENT, STUDENT_TORCH_DIST (tools/convert_hf_to_torch_dist.py), TEACHER, DATA, EVAL_DATA, SAVE: paths
 #   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
-# Data, one task per row with its expert actions:
-#   python -m examples.multi_turn_tcod.envs.make_data --env gridnav --size 8 --walls 0.2 --min-len 4 --max-len 12 \
-#       --n 2000 --seed 0 --out /root/data/tcod/gridnav_train.jsonl   (and --n 200 --seed 100000: gridnav_eval.jsonl)
+# Data: python -m examples.multi_turn_tcod.envs.make_data (commands in README.md).
 # Non-thinking replies instead: add --apply-chat-template-kwargs '{"enable_thinking": false}' to ROLLOUT_ARGS.
 
 set -ex
