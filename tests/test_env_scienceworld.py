@@ -9,6 +9,7 @@ import pytest
 from examples.agent_envs import build_env
 from examples.agent_envs.scienceworld_env import NO_MATCH, SERVERS, ScienceWorldError
 from slime.utils.types import Sample
+from env_steps import play
 
 TASK = {"env": "scienceworld", "task": "find-non-living-thing", "variation": 0}  # gold path: 5 actions
 
@@ -22,13 +23,6 @@ def env():
     SERVERS.close_all()
 
 
-def play(env, replies):
-    """(observation, reward, done, info) per reply, the reward read from ``info["reward"]``."""
-    out = []
-    for reply in replies:
-        observation, done, info = env.step(reply)
-        out.append((observation, info["reward"], done, info))
-    return out
 
 
 def test_gold_path_reaches_full_score(env):

@@ -5,6 +5,7 @@ import pytest
 from examples.agent_envs import build_env
 from examples.agent_envs.textworld_env import clean_feedback, game_file
 from slime.utils.types import Sample
+from env_steps import play
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +21,6 @@ def env(task):
     environment.close()
 
 
-def play(env, replies):
-    """(observation, reward, done, info) per reply, the reward read from ``info["reward"]``."""
-    out = []
-    for reply in replies:
-        observation, done, info = env.step(reply)
-        out.append((observation, info["reward"], done, info))
-    return out
 
 
 def test_walkthrough_wins(env):

@@ -9,6 +9,7 @@ import pytest
 
 from examples.agent_envs import ENV_MODULES, build_env, env_module, make_data, no_expert
 from slime.utils.types import Sample
+from env_steps import play
 
 
 def build(**metadata):
@@ -21,13 +22,6 @@ def reset(env):
     return observation
 
 
-def play(env, actions):
-    """(observation, reward, done, info) per action, the reward read from ``info["reward"]``."""
-    steps = []
-    for action in actions:
-        observation, done, info = env.step(action)
-        steps.append((observation, info["reward"], done, info))
-    return steps
 
 
 def step(env, action):
