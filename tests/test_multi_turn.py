@@ -102,7 +102,8 @@ def test_layout_invariants_on_many_trajectories(engine):
         trainable = {t for a, b in spans for t in range(a, b)}
         assert {t for t, m in enumerate(s.loss_mask) if m} == trainable
         response = s.tokens[prompt_len:]
-        # A turn cut by its budget is closed by a masked <|im_end|>; the env got its text without it.
+        # A turn cut by its budget is closed by a masked <|im_end|> before the next observation; the env got
+        # its text without it. The last turn is left as sampled.
         cut = [response[b - 1] != stop for a, b in spans]
         assert sum(cut) == s.metadata["turns_without_stop"]
         actions = [tok.decode([t for t in response[a:b] if t != stop]) for a, b in spans]
@@ -113,7 +114,7 @@ def test_layout_invariants_on_many_trajectories(engine):
             assert gap == [stop] * cut[j] + encode_observation(tok, messages[j])
         tail = response[spans[-1][1]:]
         if s.metadata["outcome"] != "context_full":
-            assert tail == [stop] * cut[-1]  # done or out of turns: nothing else follows the last turn
+            assert tail == []  # done or out of turns: nothing follows the last turn
         # Trainable log-probs are the policy's own at the rollout temperature.
         full = rescore(engine[1], s.tokens, args.rollout_temperature)
         for t in trainable:

@@ -2,12 +2,15 @@
 
 import argparse
 import asyncio
+import base64
 import string
 import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
@@ -72,6 +75,9 @@ class ScriptedEngine:
         finish = "length" if len(ids) > limit else "stop"
         ids = ids[:limit]
         meta = {"finish_reason": {"type": finish}, "output_token_logprobs": [[-0.5, i, None] for i in ids]}
+        if payload.get("return_routed_experts"):  # as SGLang: base64 int32, a row per token but the last
+            rows = [[t % 8, (t + 1) % 8] * 2 for t in payload["input_ids"] + ids[:-1]]
+            meta["routed_experts"] = base64.b64encode(np.asarray(rows, dtype=np.int32).tobytes()).decode()
         return {"text": self.tokenizer.decode(ids), "meta_info": meta}
 
 
@@ -146,8 +152,9 @@ def test_reply_without_think_block_still_acts(monkeypatch, tokenizer, tasks):
     assert sample.metadata["success"] and sample.metadata["num_turns"] == len(moves)
 
 
-def test_turn_cut_mid_thought_is_closed_masked_and_counts_as_an_invalid_turn(monkeypatch, tokenizer, tasks):
-    args = make_args(use_tcod=False, max_turns=2, max_turn_response_len=20)
+def test_turn_cut_mid_thought_is_closed_masked_and_keeps_routed_experts(monkeypatch, tokenizer, tasks):
+    args = make_args(use_tcod=False, max_turns=2, max_turn_response_len=20, use_rollout_routing_replay=True)
+    args.num_layers, args.moe_router_topk = 2, 2
     sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: THINK + "right")
     assert len(engine.requests) == 2 and sample.metadata["num_turns"] == 2
     assert sample.metadata["turns_without_stop"] == 2 and sample.metadata["outcome"] == "max_turns"
@@ -157,6 +164,9 @@ def test_turn_cut_mid_thought_is_closed_masked_and_counts_as_an_invalid_turn(mon
     assert response[first_end] == stop and sample.loss_mask[first_end] == 0  # the closing <|im_end|> is masked
     assert sum(sample.loss_mask) == 40  # two 20-token turns, nothing else trained
     assert "the reply ended inside <think>" in tokenizer.decode(engine.requests[1]["input_ids"])
+    expected = [[[t % 8, (t + 1) % 8]] * 2 for t in sample.tokens[:-1]]  # the cut last turn is left open
+    assert all(r["return_routed_experts"] for r in engine.requests)
+    assert torch.as_tensor(sample.rollout_routed_experts).tolist() == expected
 
 
 def test_the_example_budget_lets_a_thinking_turn_finish(monkeypatch, tokenizer, tasks):
@@ -222,7 +232,7 @@ def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokeni
     sample, engine = play(
         monkeypatch, tokenizer, make_args(), row, 6, lambda i: "noop", evaluation=True, max_new_tokens=60
     )
-    assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 59  # eval's own budget, one kept to close
+    assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 60  # eval's own budget
     assert sample.response_length <= 60 and sample.metadata["outcome"] == "context_full"
 
 

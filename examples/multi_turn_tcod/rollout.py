@@ -12,8 +12,8 @@ log-probs and ``meta_info``) and encoded observations (masked). The episode foll
 into the masked part, then the student plays to the end. ``metadata["outcome"]`` is one of done, cut,
 max_turns, context_full, replay_finished, aborted, env_error.
 
-The environment gets each turn's text (``<think>`` included); a turn cut by its token budget is closed
-with a masked ``<|im_end|>`` and still goes to ``env.step`` as that turn's reply. Episodes that must
+The environment gets each turn's text (``<think>`` included), also of a turn cut by its token budget,
+which a masked ``<|im_end|>`` closes before the next observation (a last turn stays as the engine routed it). Episodes that must
 not train (the environment failed, a B2F replay finished the task) get ``remove_sample = True``. In
 training the loop trains pure OPD: ``sample.reward`` is left ``None`` for the teacher's reward model
 (``--opd-type sglang``) or set to 0.0 (``--opd-type megatron``); the environment's return is kept in
@@ -95,7 +95,7 @@ class Episode:
         self.max_response = int(sampling_params["max_new_tokens"])  # eval passes --eval-max-response-len
         self.env = None
         self.turn_spans, self.turn_rewards = [], []
-        self.total_reward, self.success, self.turns_without_stop = 0.0, False, 0
+        self.total_reward, self.success, self.turns_without_stop, self.open_turn = 0.0, False, 0, False
 
     def room(self) -> int:
         """Tokens the trajectory may still grow by: the response budget and the context length."""
@@ -134,16 +134,18 @@ class Episode:
             ids = encode_observation(self.tokenizer, self.env.format_observation(observation), self.template_kwargs)
         except Exception as err:
             raise EnvironmentFault(f"format_observation(): {type(err).__name__}: {err}") from err
+        ids = [self.stop_id] * self.open_turn + ids  # a cut turn is closed before the next user turn
         if len(ids) + 2 > self.room():  # the student's next turn needs a token and its closing <|im_end|>
             return False
         self.sample.append_response_tokens(self.args, tokens=ids, trainable=False)
+        self.open_turn = False
         return True
 
     async def student_turn(self, turn: int):
         """One engine reply appended as trainable tokens; returns its text, or None when it was aborted."""
         params = dict(self.sampling_params)
         turn_len = getattr(self.args, "max_turn_response_len", None) or self.max_response
-        params["max_new_tokens"] = min(turn_len, self.room() - 1)  # one token stays free to close a cut turn
+        params["max_new_tokens"] = min(turn_len, self.room())
         params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
         if params.get("sampling_seed") is not None:  # every turn draws differently, a rerun draws the same
             params["sampling_seed"] = (int(params["sampling_seed"]) + 1 + turn) % SEED_MODULUS
@@ -157,12 +159,9 @@ class Episode:
         entries = meta_info.get("output_token_logprobs") or []
         ids, log_probs = [item[1] for item in entries], [item[0] for item in entries]
         start = self.sample.response_length
-        self.sample.append_response_tokens(
-            self.args, tokens=ids, log_probs=log_probs, trainable=True, meta_info=meta_info, update_terminal_info=False
-        )
-        if not ids or ids[-1] != self.stop_id:  # cut by the turn's budget: close the turn, masked
-            self.turns_without_stop += 1
-            self.sample.append_response_tokens(self.args, tokens=[self.stop_id], trainable=False)
+        self.sample.append_response_tokens(self.args, tokens=ids, log_probs=log_probs, meta_info=meta_info)
+        self.open_turn = not ids or ids[-1] != self.stop_id  # cut by the turn's budget
+        self.turns_without_stop += self.open_turn
         self.turn_spans.append([start, start + len(ids)])
         return self.tokenizer.decode([i for i in ids if i != self.stop_id])
 
@@ -221,7 +220,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
     for turn in range(turns):
         if ep.state.aborted:
             return "aborted"
-        if ep.room() <= 1:
+        if ep.room() < 1:
             return "context_full"
         text = await ep.student_turn(prefix_turns + turn)
         if text is None:

@@ -42,7 +42,7 @@ TEACHER_IP="127.0.0.1"
 TEACHER_PORT=13141
 LOG_FILE="/tmp/sglang_$(head /dev/urandom | tr -dc A-Za-z0-9 | head -c 6).log"
 CUDA_VISIBLE_DEVICES=$(seq -s, ${TRAIN_GPUS} $((NUM_GPUS - 1))) python3 -m sglang.launch_server \
-    --model-path "${TEACHER}" --host 0.0.0.0 --port $TEACHER_PORT --tp-size ${TEACHER_GPUS} \
+    --model-path "${TEACHER}" --host $TEACHER_IP --port $TEACHER_PORT --tp-size ${TEACHER_GPUS} \
     --chunked-prefill-size 4096 --mem-fraction-static 0.7 > "$LOG_FILE" 2>&1 &
 TEACHER_PID=$!
 trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT

@@ -11,10 +11,13 @@ Invariants kept by :meth:`Sample.append_response_tokens` and checked by :meth:`S
 
 from __future__ import annotations
 
+import base64
 import copy
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
+
+import torch
 
 
 def _int_list(values) -> list[int]:
@@ -57,6 +60,8 @@ class Sample:
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
     teacher_log_probs: list[float] | None = None
+    # MoE routing replay: (len(tokens) - 1, num_layers, moe_router_topk) expert ids from the rollout engine.
+    rollout_routed_experts: list | None = None
     # Upstream slime's way to keep a sample out of the loss: its loss mask is zeroed before training.
     remove_sample: bool = False
     status: Status = Status.PENDING
@@ -98,7 +103,6 @@ class Sample:
         Environment observations and replayed turns pass ``trainable=False`` and no log-probs;
         they get loss-mask 0 and a 0.0 placeholder log-prob.
         """
-        del args  # kept for slime's signature
         tokens = _int_list(tokens)
         log_probs = _float_list(log_probs)
         if log_probs is not None and len(log_probs) != len(tokens):
@@ -124,6 +128,8 @@ class Sample:
         if text:
             self.response += text
 
+        if meta_info is not None and meta_info.get("routed_experts") is not None:
+            self._apply_routed_experts(args, meta_info)
         if update_terminal_info and meta_info is not None:
             finish = (meta_info.get("finish_reason") or {}).get("type")
             if finish == "length":
@@ -132,6 +138,30 @@ class Sample:
                 self.status = Sample.Status.ABORTED
             elif finish == "stop":
                 self.status = Sample.Status.COMPLETED
+
+    def _apply_routed_experts(self, args, meta_info: dict) -> None:
+        """Keep SGLang's routed experts: rows ``[routed_experts_start_len, len(tokens) - 1)`` of the sequence.
+
+        SGLang sends them base64-encoded int32 (or as a list); a row count that does not match the tokens
+        is an error, as upstream slime's ``Sample`` treats it.
+        """
+        value = meta_info["routed_experts"]
+        if isinstance(value, str):
+            value = torch.frombuffer(bytearray(base64.b64decode(value)), dtype=torch.int32)
+        flat = torch.as_tensor(value, dtype=torch.int32).reshape(-1)
+        if args is None:
+            raise ValueError("append_response_tokens: args (num_layers, moe_router_topk) decode routed experts")
+        start = int(meta_info.get("routed_experts_start_len", 0) or 0)
+        rows, width = max(0, len(self.tokens) - 1 - start), args.num_layers * args.moe_router_topk
+        if flat.numel() != rows * width:
+            raise ValueError(
+                f"routed_experts has {flat.numel()} ids; {len(self.tokens)} tokens from start {start} need "
+                f"{rows} rows x {args.num_layers} layers x {args.moe_router_topk} experts"
+            )
+        kept = (self.rollout_routed_experts or [])[:start]
+        if len(kept) < start:
+            raise ValueError(f"routed_experts_start_len={start} but only {len(kept)} rows are kept")
+        self.rollout_routed_experts = kept + flat.reshape(rows, args.num_layers, args.moe_router_topk).tolist()
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
