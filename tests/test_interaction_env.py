@@ -192,6 +192,35 @@ def test_a_malformed_step_fails_its_episode_and_the_run_goes_on(loop, tmp_path, 
     assert sorted(rollout.load_env_module(path).CLOSED) == [0, 1]  # the failed episode's env is closed too
 
 
+@pytest.mark.parametrize(
+    "first,formatted,match",
+    [
+        ("{'obs': 'start'}", "observation['obs']", r"must return a message with text content, got 'start'"),
+        ("{'obs': 'start'}", "{'role': 'user', 'content': ['start']}", r"message with text content, got \{'role'"),
+        ("'start'", "{'role': 'user', 'content': observation['missing']}", r"format_observation\(\): KeyError"),
+    ],
+)
+def test_a_malformed_formatted_observation_fails_its_episode(loop, tmp_path, first, formatted, match):
+    path = write_module(
+        tmp_path,
+        f"bad_format_{abs(hash(first + formatted))}",
+        f"""
+        class Env:
+            def reset(self):
+                return {first}, {{}}
+            def step(self, response_text):
+                return {{"other": 1}}, False, {{}}
+            def format_observation(self, observation):
+                return {formatted}
+        def build_env(sample, args):
+            return Env()
+        """,
+    )
+    [bad] = loop(path, [Sample(index=0, prompt="p")])
+    assert bad.metadata["outcome"] == "env_error" and bad.status == Sample.Status.FAILED and bad.remove_sample
+    assert re.search(match, bad.metadata["error"]), bad.metadata["error"]
+
+
 def test_env_paths_are_checked(loop, tmp_path):
     with pytest.raises(ValueError, match="has no callable build_env"):
         loop("examples.multi_turn_tcod.envs.common", [Sample(index=0, metadata={"env": "gridnav", "seed": 0})])

@@ -128,12 +128,21 @@ class Episode:
         self.success = self.success or bool(info.get("success"))
         return observation, bool(done)
 
-    def append_observation(self, observation) -> bool:
-        """Append the next user turn (masked); False when it does not fit the budget."""
+    def message(self, observation) -> dict:
+        """``env.format_observation(observation)``, checked to be a chat message with text content."""
         try:
-            ids = encode_observation(self.tokenizer, self.env.format_observation(observation), self.template_kwargs)
+            message = self.env.format_observation(observation)
         except Exception as err:
             raise EnvironmentFault(f"format_observation(): {type(err).__name__}: {err}") from err
+        if not (isinstance(message, dict) and isinstance(message.get("content"), str)):
+            raise EnvironmentFault(
+                f"format_observation() must return a message with text content, got {message!r:.200}"
+            )
+        return message
+
+    def append_observation(self, observation) -> bool:
+        """Append the next user turn (masked); False when it does not fit the budget."""
+        ids = encode_observation(self.tokenizer, self.message(observation), self.template_kwargs)
         ids = [self.stop_id] * self.open_turn + ids  # a cut turn is closed before the next user turn
         if len(ids) + 2 > self.room():  # the student's next turn needs a token and its closing <|im_end|>
             return False
@@ -205,7 +214,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
     if not observation:  # upstream's geo3k env resets to ({}, info): the task is sample.prompt
         observation = sample.prompt
     elif not isinstance(observation, str):
-        observation = ep.env.format_observation(observation)["content"]
+        observation = [ep.message(observation)]
     sample.tokens = encode_prompt(ep.tokenizer, observation, ep.template_kwargs)
     sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
     if getattr(ep.args, "rollout_top_p", 1.0) != 1.0:  # top-p spans from the start: B2F's prefix is masked
