@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,40 @@ class ServerArgs:
     problems = clf.teacher_problems(["--model-path", "m", "--tp-s", "2", "--enable-metrics"], specs)
     assert problems == [
         "teacher server flag --tp-s is not a ServerArgs flag (argparse would take it as an abbreviation of --tp-size)"
+    ]
+
+
+def test_server_args_split_into_namespace_classes_are_read_from_the_wheel(tmp_path):
+    # Newer sglang releases declare ServerArgs' fields in sglang/srt/arg_groups/fields/*.py namespaces.
+    server_args = """
+class ServerArgs:
+    @staticmethod
+    def add_cli_args(parser):
+        add_cli_args_from_dataclass(parser, ServerArgs)
+        parser.add_argument("--reasoning-parser", type=str)
+"""
+    parallel = """
+class Parallel(msgspec.Struct):
+    _NS_PATH = "parallel"
+    tp_size: A[int, Arg(help="t", aliases=["--tensor-parallel-size"])] = 1
+    enable_dp_attention: A[bool, "d"] = False
+
+class NotANamespace:
+    ignored: A[int, "x"] = 0
+"""
+    wheel = tmp_path / "sglang-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/srt/server_args.py", server_args)
+        zf.writestr("sglang/srt/arg_groups/fields/parallel.py", parallel)
+        zf.writestr("sglang/srt/arg_groups/fields/__init__.py", "")
+    specs = clf.read_server_args(wheel)
+    assert [s["names"] for s in specs] == [
+        ["--tp-size", "--tensor-parallel-size"],
+        ["--enable-dp-attention"],
+        ["--reasoning-parser"],
+    ]
+    assert clf.teacher_problems(["--tensor-parallel-size", "2", "--ignored", "1"], specs) == [
+        "teacher server flag --ignored is not a ServerArgs flag"
     ]
 
 

@@ -83,15 +83,9 @@ def _stand_in(name: str, **attrs) -> types.ModuleType:
     return module
 
 
-def server_args_specs(source: str) -> list[dict]:
-    """ServerArgs' CLI arguments read from sglang/srt/server_args.py by AST: [{names, kind, default, dest}].
-
-    Mirrors ``add_cli_args_from_dataclass`` (annotated fields) plus the explicit ``parser.add_argument``
-    calls of ``add_cli_args``; ``kind`` is bool (no value), list (one or more) or a scalar type name.
-    """
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
-    fields = {}  # a field declared twice keeps its first position and its last annotation, as in dataclasses
+def _annotated_fields(cls: ast.ClassDef, fields: dict) -> None:
+    """``A[T, "help"]`` / ``A[T, Arg(...)]`` fields of ``cls`` into ``fields`` (name -> spec), as sglang's
+    ``add_cli_args_from_dataclass`` registers them; a field declared again keeps its first position."""
     for node in cls.body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
@@ -112,6 +106,31 @@ def server_args_specs(source: str) -> list[dict]:
             kind = _annotation_kind(inner)
         dest = field_name if field_name != cli.lstrip("-").replace("-", "_") else None
         fields[field_name] = {"names": names, "kind": kind, "default": default, "dest": dest}
+
+
+def _is_namespace(node) -> bool:
+    """A class of ``sglang/srt/arg_groups/fields/`` whose fields ``ServerArgs`` collects (it sets ``_NS_PATH``)."""
+    return isinstance(node, ast.ClassDef) and any(
+        isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "_NS_PATH" for t in n.targets) for n in node.body
+    )
+
+
+def server_args_specs(source: str, namespace_sources: tuple[str, ...] = ()) -> list[dict]:
+    """ServerArgs' CLI arguments read from sglang/srt/server_args.py by AST: [{names, kind, default, dest}].
+
+    Mirrors ``add_cli_args_from_dataclass`` (annotated fields: of ``ServerArgs`` itself and, in releases that
+    split them out, of the namespace classes in ``namespace_sources``, sglang/srt/arg_groups/fields/*.py) plus
+    the explicit ``parser.add_argument`` calls of ``add_cli_args``; ``kind`` is bool (no value), list (one or
+    more) or a scalar type name.
+    """
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+    fields = {}
+    _annotated_fields(cls, fields)
+    for namespace_source in namespace_sources:
+        for node in ast.parse(namespace_source).body:
+            if _is_namespace(node):
+                _annotated_fields(node, fields)
     specs = list(fields.values())
     add_cli = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args")
     for call in ast.walk(add_cli):
@@ -171,8 +190,12 @@ def read_server_args(path: Path | None) -> list[dict]:
         ]
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
-            return server_args_specs(wheel.read("sglang/srt/server_args.py").decode())
-    return server_args_specs(path.read_text())
+            names = sorted(n for n in wheel.namelist() if re.fullmatch(r"sglang/srt/arg_groups/fields/\w+\.py", n))
+            namespaces = tuple(wheel.read(n).decode() for n in names)
+            return server_args_specs(wheel.read("sglang/srt/server_args.py").decode(), namespaces)
+    fields_dir = path.parent / "arg_groups" / "fields"  # server_args.py inside an unpacked sglang/srt
+    namespaces = tuple(p.read_text() for p in sorted(fields_dir.glob("*.py"))) if fields_dir.is_dir() else ()
+    return server_args_specs(path.read_text(), namespaces)
 
 
 def import_upstream(slime_dir: Path, megatron_dir: Path, sglang_specs: list[dict]):
