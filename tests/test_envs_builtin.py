@@ -298,3 +298,16 @@ def test_make_data_fails_clearly_when_the_horizon_is_impossible(tmp_path):
         make_data.main(["--env", "hanoi", "--n", "2", "--out", str(tmp_path / "x.jsonl"), "--disks", "2",
                         "--min-len", "5"])
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_make_data_exclude_leaves_out_the_tasks_of_another_file(tmp_path, capsys):
+    train, evaluation = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    grid = ["--env", "gridnav", "--size", "6", "--walls", "0", "--min-len", "4", "--max-len", "8"]
+    make_data.main(grid + ["--n", "60", "--seed", "0", "--out", str(train)])
+    assert "seeds 0.." in capsys.readouterr().err  # the range used, to keep another file's --seed above it
+    make_data.main(grid + ["--n", "30", "--seed", "0", "--exclude", str(train), "--out", str(evaluation)])
+    labels = [{json.loads(line)["label"] for line in open(path)} for path in (train, evaluation)]
+    assert len(labels[0]) == 60 and len(labels[1]) == 30 and not labels[0] & labels[1]
+    with pytest.raises(SystemExit):  # argparse's error: a missing --exclude file is named, not a traceback
+        make_data.main(grid + ["--n", "3", "--exclude", str(tmp_path / "none.jsonl"), "--out", str(evaluation)])
+    assert "--exclude: not a make_data file (FileNotFoundError" in capsys.readouterr().err

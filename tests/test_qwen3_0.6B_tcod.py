@@ -62,7 +62,7 @@ def _launch_teacher_server(teacher_gpu: str):
     env = os.environ.copy()
     env["CUDA_VISIBLE_DEVICES"] = teacher_gpu
     log_path = "/tmp/sglang_tcod_teacher.log"
-    command = f"python3 -m sglang.launch_server --model-path /root/models/{MODEL_NAME} --host 0.0.0.0 "
+    command = f"python3 -m sglang.launch_server --model-path /root/models/{MODEL_NAME} --host {TEACHER_HOST} "
     command += f"--port {TEACHER_PORT} --tp-size 1 --mem-fraction-static 0.6"
     process = subprocess.Popen(command.split(), env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     print(f"Starting teacher sglang server on GPU {teacher_gpu} (pid={process.pid}), log: {log_path}")
@@ -151,10 +151,8 @@ def execute(tcod_mode: str, opd_type: str):
 
         sglang_args = "--rollout-num-gpus-per-engine 1 --sglang-mem-fraction-static 0.6 "
 
-        ci_args = "--ci-test "
-
         misc_args = (
-            "--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 "
+            "--ci-test --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 "
             "--attention-softmax-in-fp32 --attention-backend flash "
             f"--actor-num-nodes 1 --actor-num-gpus-per-node {NUM_TRAIN_GPUS} --colocate "
         )
@@ -162,7 +160,7 @@ def execute(tcod_mode: str, opd_type: str):
         wandb_args = U.get_default_wandb_args(__file__, run_name_prefix=f"{tcod_mode}_{opd_type}")
         train_args = "".join(
             (ckpt_args, rollout_args, optimizer_args, grpo_args, tcod_args, wandb_args, perf_args, eval_args)
-            + (sglang_args, ci_args, misc_args, teacher_args)
+            + (sglang_args, misc_args, teacher_args)
         )
 
         U.execute_train(

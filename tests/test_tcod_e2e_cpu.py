@@ -172,12 +172,8 @@ class FakeSGLang:
         reply = (reply + [self.stop_id])[: payload["sampling_params"]["max_new_tokens"]]
         log_probs = self.model.token_logprobs(ids + reply)[len(ids) - 1 :]
         finish = {"type": "stop", "matched": self.stop_id} if reply[-1] == self.stop_id else {"type": "length"}
-        meta = {
-            "output_token_logprobs": [[lp, i, None] for lp, i in zip(log_probs, reply, strict=True)],
-            "finish_reason": finish,
-            "prompt_tokens": len(ids),
-            "completion_tokens": len(reply),
-        }
+        meta = {"output_token_logprobs": [[lp, i, None] for lp, i in zip(log_probs, reply, strict=True)]}
+        meta |= {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(reply)}
         if payload["sampling_params"].get("custom_params", {}).get("return_top_p_token_ids"):  # --rollout-top-p < 1
             meta |= {"top_p_token_ids": reply, "top_p_token_offsets": list(range(len(reply) + 1))}
         return web.json_response({"text": self.tokenizer.decode(reply), "output_ids": reply, "meta_info": meta})
@@ -192,12 +188,8 @@ def hf_checkpoint(tmp_path_factory):
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
+    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>"]}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, **special)
     tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
     tokenizer.chat_template = CHAT_TEMPLATE
     path = tmp_path_factory.mktemp("hf_checkpoint")

@@ -1,16 +1,9 @@
 """Curriculum and KL metrics of multi-turn TCOD rollouts, through upstream's rollout-log hook.
 
-``--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data`` adds to the
-step's rollout metrics (and returns False, so the default logging still runs and emits them):
-
-* ``tcod/depth`` (the step's k(n)), ``tcod/prefix_turns``, ``tcod/turns``, ``tcod/success_rate``,
-  ``tcod/return`` (the environment's return, which OPD logs but does not train), ``tcod/turns_cut``
-  (fraction of student turns cut by their token budget: thinking that did not finish),
-  ``tcod/removed`` (samples kept out of training);
-* with teacher scores at hand (a server teacher): ``tcod/kl_mean`` (sampled reverse KL
-  ``log p_student - log p_teacher`` per trained token), ``tcod/kl_trajectory_mean`` / ``_max`` (summed over
-  a trajectory's trained tokens) and ``tcod/kl_turn_{t}`` (per-token mean of student turn ``t``), the
-  official TCOD code's ``kl/mean`` and ``kl/trajectory_*``; ``tcod/teacher_scored`` (fraction scored).
+``--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data`` adds the ``tcod/*``
+keys of docs/en/advanced/multi-turn-tcod.md ("Metrics") to the step's rollout metrics and returns False, so
+the default logging still runs and emits them. The KL keys (``log p_student - log p_teacher``; the official
+TCOD code's ``kl/mean`` and ``kl/trajectory_*``) need a server teacher's scores.
 
 With ``--ci-test`` it asserts that every sample was planned at the step's depth (F2B: played no more
 turns) and, with a server teacher, that the teacher scored every trained trajectory.

@@ -4,8 +4,8 @@
         [--min-len 4 --max-len 12] [--size 8 --walls 0.2]
 
 Seeds are tried from ``--seed`` upwards; a task whose expert path length falls outside ``[--min-len,
---max-len]`` is skipped, so the file holds exactly ``--n`` rows and the last line printed names the seed
-range used (keep the evaluation file's ``--seed`` above it). Each row::
+--max-len]`` or that an ``--exclude`` file holds (give the eval file ``--exclude`` the training file) is
+skipped, so the file holds exactly ``--n`` rows; the last line printed names the seed range used. Each row::
 
     {"input": first observation, "label": JSON task id, "metadata": {"env": ..., "seed": ..., params,
      "expert_actions": [...]}}
@@ -44,6 +44,7 @@ def task_rows(
     max_tries=None,
     modules: dict = ENV_MODULES,
     stats: dict | None = None,
+    exclude=frozenset(),
 ):
     """Yield ``n`` data rows of ``env`` tasks whose expert length lies in ``[min_len, max_len]``.
 
@@ -71,6 +72,8 @@ def task_rows(
         if actions is None or not (min_len <= len(actions) <= (max_len or len(actions))):
             continue
         label = json.dumps(metadata, sort_keys=True)
+        if label in exclude:  # a task of another split
+            continue
         # The actions live in metadata: upstream slime's Dataset keeps only the metadata column.
         yield {"input": first_observation, "label": label, "metadata": {**metadata, "expert_actions": actions}}
         made += 1
@@ -78,10 +81,13 @@ def task_rows(
 
 def main(argv=None, modules: dict = ENV_MODULES, options: dict = PARAM_OPTIONS) -> int:
     parser = argparse.ArgumentParser(description="Write environment tasks with expert actions as jsonl.")
-    parser.add_argument("--env", required=True, choices=sorted(modules))
+    parser.add_argument("--env", required=True, choices=sorted(modules), help="the environment of the tasks")
     parser.add_argument("--n", type=int, required=True, help="number of tasks to write")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first task")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first task tried")
+    parser.add_argument("--out", required=True, help="the jsonl file to write")
+    parser.add_argument(
+        "--exclude", action="append", default=[], metavar="FILE", help="a jsonl file of tasks to leave out"
+    )
     parser.add_argument("--min-len", type=int, default=1, help="shortest expert path kept")
     parser.add_argument("--max-len", type=int, default=None, help="longest expert path kept")
     for name, (kind, text) in options.items():
@@ -90,13 +96,18 @@ def main(argv=None, modules: dict = ENV_MODULES, options: dict = PARAM_OPTIONS) 
     if args.n < 1:
         parser.error("--n must be >= 1")
     params = {name: getattr(args, name) for name in options}
+    try:
+        exclude = {json.loads(line)["label"] for path in args.exclude for line in open(path) if line.strip()}
+    except (OSError, ValueError, KeyError) as err:
+        parser.error(f"--exclude: not a make_data file ({type(err).__name__}: {err})")
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     lengths, stats = [], {}
     with open(tmp, "w") as handle:
-        rows = task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, modules=modules, stats=stats)
+        kwargs = dict(modules=modules, stats=stats, exclude=exclude)
+        rows = task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, **kwargs)
         for row in rows:
             handle.write(json.dumps(row) + "\n")
             lengths.append(len(row["metadata"]["expert_actions"]))
