@@ -76,6 +76,17 @@ def test_f2b_server_teacher(setup):
     assert all(isinstance(r["opd/per_turn_kl"], list) for r in records)
 
 
+def test_turns_per_step_gives_f2b_at_depth_one_as_many_turns_as_vanilla_opd(setup):
+    common = (*server_mode(setup), "--turns-per-step", "8")
+    [f2b] = run(setup, "turns_f2b", *common, "--tcod-mode", "f2b", "--tcod-eta", "5", steps=1)
+    [opd] = run(setup, "turns_opd", *common, steps=1, tcod=False)
+    for record, cap in ((f2b, 1), (opd, 4)):  # at most one episode (of <= cap turns) past the 8 turns
+        assert 8 <= record["rollout/student_turns"] < 8 + cap
+        assert record["train/samples"] == record["rollout/kept"] == record["rollout/episodes"]
+    assert f2b["tcod/depth"] == 1 and f2b["rollout/episodes"] == 8  # one turn each at depth 1
+    assert opd["rollout/episodes"] < 8  # whole episodes: fewer of them for the same turns
+
+
 def test_f2b_in_trainer_teacher(setup):
     records = run(setup, "f2b_trainer", "--opd-type", "megatron", "--opd-teacher-load", setup["teacher"],
                   "--tcod-mode", "f2b", "--tcod-eta", "1")

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 # Phase timings of the last rollout call (generation vs. reward/teacher scoring), read by the manager.
 LAST_TIMINGS: dict[str, float] = {}
+# How the last training rollout was drawn: with --turns-per-step its episodes, student turns and waves.
+LAST_COUNTS: dict[str, int] = {}
 
 
 class GenerateState:
@@ -183,9 +185,17 @@ async def _run_all(args, groups: list[list[Sample]], evaluation: bool) -> list[l
 
 def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False):
     """Generate and reward one rollout step. Returns a list of groups of samples."""
-    groups = data_source.get_samples(args.rollout_batch_size) if not evaluation else data_source
     t0 = time.perf_counter()
-    groups = run_async(_run_all(args, groups, evaluation))
+    if getattr(args, "turns_per_step", None) and not evaluation:
+        from slime.rollout.turn_budget import draw_turn_matched
+
+        play = lambda wave: run_async(_run_all(args, wave, False))  # noqa: E731
+        groups, counts = draw_turn_matched(args, rollout_id, data_source, play)
+        LAST_COUNTS.clear()
+        LAST_COUNTS.update(counts)
+    else:
+        groups = data_source.get_samples(args.rollout_batch_size) if not evaluation else data_source
+        groups = run_async(_run_all(args, groups, evaluation))
     t1 = time.perf_counter()
     # Failed and aborted episodes are dropped before training (select_trainable): no teacher call for them.
     scored = [s for g in groups for s in g if s.status not in (Status.FAILED, Status.ABORTED)]

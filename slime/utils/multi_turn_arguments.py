@@ -24,8 +24,8 @@ def add_multi_turn_arguments(parser):
                    help="token limit of one student turn (default: --rollout-max-response-len, which also bounds "
                         "the whole trajectory, observations included)")
     g.add_argument("--rollout-interaction-env-path", type=str, default=None,
-                   help="the environment: a module exposing build_env(sample, args) (upstream's contract) "
-                        "or the dotted path of a factory make_env(args, sample)")
+                   help="the environment: a module (dotted path or .py file) exposing build_env(sample, args), "
+                        "upstream's contract")
     g.add_argument("--env-step-timeout", type=float, default=DEFAULT_ENV_STEP_TIMEOUT,
                    help="seconds one environment call (build, reset, step, close) may take; a call that "
                         "takes longer ends its episode as failed and the run goes on")
@@ -36,6 +36,12 @@ def add_multi_turn_arguments(parser):
                    help="upstream's rollout-log hook log_rollout_data(rollout_id, args, samples, "
                         "rollout_extra_metrics, rollout_time) -> bool; what it adds to rollout_extra_metrics "
                         "is logged with the step's metrics")
+    g.add_argument("--turns-per-step", type=int, default=None,
+                   help="fill every rollout step with at least N trained student turns (at most one episode "
+                        "group more), drawing episodes in waves, and train them in one optimizer step: the "
+                        "official TCOD configs' turn-level batches, the same for every method. "
+                        "--rollout-batch-size is then unused; the step's counts are logged as rollout/episodes, "
+                        "rollout/student_turns and rollout/waves")
     g.add_argument("--tcod-prefix-source", choices=("expert", "teacher"), default=None,
                    help="b2f only: where the replayed prefix comes from. expert (default): the task's expert "
                         "actions, L = their number; teacher: the teacher server's own episode of the task, played "
@@ -111,6 +117,20 @@ def validate_multi_turn_args(args) -> None:
         _fail("--max-turns is set but --rollout-interaction-env-path is not: name the environment")
 
 
+def validate_turns_per_step(args) -> None:
+    """``--turns-per-step``: one optimizer step per rollout over a variable number of episodes."""
+    if args.turns_per_step is None:
+        return
+    if args.turns_per_step < 1:
+        _fail(f"--turns-per-step must be >= 1, got {args.turns_per_step}")
+    if not args.max_turns:
+        _fail("--turns-per-step counts the turns of multi-turn episodes: set max_turns (--custom-config-path "
+              "or --max-turns)")
+    if args.num_steps_per_rollout != 1:
+        _fail(f"--turns-per-step trains each rollout step in one optimizer step; --global-batch-size / "
+              f"--num-steps-per-rollout give {args.num_steps_per_rollout}: drop them")
+
+
 def add_tcod_group(parser):
     # The same function upstream's parser gets from port.py, in a group of its own for --help.
     add_tcod_arguments(parser.add_argument_group("TCOD temporal curriculum"))
@@ -125,3 +145,4 @@ def validate_multi_turn_tcod_args(args):
     except ValueError as err:
         _fail(str(err))
     validate_prefix_source(args)
+    validate_turns_per_step(args)

@@ -5,6 +5,10 @@
   index counts episode turns, so in B2F the first student turn after a prefix of p replayed turns has
   index p (0-based).
 * trajectory KL: the same sum over all student tokens of a trajectory; mean and std over the batch.
+* turn-KL slopes (``opd/turn_kl_slopes``): for every trained episode with at least 3 student turns, the
+  least-squares slope of its per-token mean KL per turn against the turn index. TCOD's premise is that
+  vanilla OPD's KL grows with depth (the student drifts from the teacher's support); a slope taken within
+  each episode is not faked by only the failing episodes reaching late turns (``benchmarks/tcod_premise.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,30 @@ def per_turn_kl(samples, per_sample_kl) -> tuple[list[float], list[float]]:
         return [], trajectory
     width = max(by_turn) + 1
     return [_mean(by_turn.get(i, [])) if i in by_turn else None for i in range(width)], trajectory
+
+
+MIN_TURNS_FOR_SLOPE = 3
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = _mean(xs), _mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def turn_kl_slopes(samples, per_sample_kl) -> list[float]:
+    """Per episode, the slope of the per-token mean KL of each student turn against its turn index."""
+    slopes = []
+    for sample, kl in zip(samples, per_sample_kl):
+        mask = sample.loss_mask or [1] * sample.response_length
+        offset = int(sample.metadata.get("prefix_turns", 0))
+        points = []
+        for j, (start, end) in enumerate(sample.metadata.get("turn_spans", [])):
+            trained = sum(mask[start:end])
+            if trained:
+                points.append((offset + j, sum(float(kl[t]) * mask[t] for t in range(start, end)) / trained))
+        if len(points) >= MIN_TURNS_FOR_SLOPE:
+            slopes.append(_slope([p[0] for p in points], [p[1] for p in points]))
+    return slopes
 
 
 # Episodes that did not run to an end of their own: a failed environment, an aborted generation.
@@ -112,6 +140,9 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         finished = [s for s in multi if s.status not in UNFINISHED]
         out["multi_turn/success_rate"] = _mean(float(bool(s.metadata.get("success"))) for s in finished)
         out["multi_turn/turns"] = _mean(s.metadata["num_turns"] for s in finished)
+        # What the step trained on: with --turns-per-step the episode count varies, the turn count not.
+        out["rollout/episodes"] = len(everything)
+        out["rollout/student_turns"] = sum(s.metadata.get("num_turns", 0) for s in samples)
         cut = turns_without_stop_fraction(finished)
         out["multi_turn/turns_without_stop"] = cut or 0.0
         warn_if_turns_cut(args, cut, "rollout")
@@ -132,6 +163,11 @@ def rollout_metrics(args, groups, samples, train_stats: dict) -> dict:
         out["opd/trajectory_kl_std"] = _std(trajectory)
         if turns:
             out["opd/per_turn_kl"] = turns
+    # The slope reads the whole-distribution KL where the trainer has it (--opd-loss full, top-k): less noisy.
+    slope_kls = train_stats.get("per_sample_opd_exact_kl") or kl_lists
+    if slope_kls:
+        out["opd/turn_kl_slopes"] = turn_kl_slopes(samples, slope_kls)
+        out["opd/turn_kl_slope_source"] = "exact" if train_stats.get("per_sample_opd_exact_kl") else "sampled"
     exact_lists = train_stats.get("per_sample_opd_exact_kl")
     if exact_lists:
         # The whole-distribution KL summed over each trajectory's trained positions, like the sampled one.
