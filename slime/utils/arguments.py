@@ -25,6 +25,7 @@ from slime.utils.algorithm_arguments import (  # noqa: F401
     validate_opd_args,
 )
 from slime.utils.argument_error import ArgumentError, fail as _fail
+from slime.utils.cli_parser import LaunchParser
 from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
 from slime.utils.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
 # The two names upstream's arguments.py gets from port.py, importable from here as there.
@@ -86,7 +87,7 @@ def add_checkpoint_arguments(parser):
     g.add_argument("--load", type=str, default=None, help="checkpoint folder to resume from")
     g.add_argument("--save", type=str, default=None,
                    help="checkpoint folder (iter_XXXXXXX/ per save); also holds weight_sync/ for the engines "
-                        "and, by default, metrics.jsonl")
+                        "and, unless --metrics-dir is set, metrics.jsonl")
     g.add_argument("--save-interval", type=int, default=None,
                    help="checkpoint every N rollout steps and after the last one (unset: no checkpoints)")
     g.add_argument("--ref-load", type=str, default=None,
@@ -272,11 +273,8 @@ GROUPS = (
 
 
 def get_parser(add_custom_arguments=None) -> argparse.ArgumentParser:
-    # Every flag's default shows in --help.
-    parser = argparse.ArgumentParser(
-        description="slime: on-policy distillation of multi-turn agents",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    # Every flag's default shows once in --help; errors are one line; no abbreviated flags (as upstream).
+    parser = LaunchParser(description="slime: on-policy distillation of multi-turn agents")
     for add in GROUPS:
         add(parser)
     if add_custom_arguments is not None:

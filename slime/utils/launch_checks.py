@@ -14,7 +14,12 @@ from __future__ import annotations
 import os
 
 from slime.utils.argument_error import ArgumentError
-from slime.utils.plugin_paths import check_plugin_paths
+from slime.utils.config_keys import config_key_warnings
+from slime.utils.data_overlap import overlap_warnings
+from slime.utils.output_paths import check_output_dirs
+from slime.utils.plugin_paths import check_plugin_paths, raised_at_import
+from slime.utils.task_envs import check_task_envs
+from slime.utils.url_checks import check_rm_url
 
 # The hooks that turn a server teacher's replies into the OPD term (upstream's OPD example uses the same).
 SERVER_TEACHER_HOOKS = {
@@ -37,10 +42,15 @@ def check_launch(args) -> list[str]:
     if args.num_rollout is None:
         raise ArgumentError("--num-rollout is required (number of rollout/train steps)")
     notes = _default_server_teacher_hooks(args) + _default_generate_function(args)
+    check_rm_url(args)
+    check_output_dirs(args)
+    notes += config_key_warnings(args)
     _check_cluster(args)
     check_plugin_paths(args)
     _check_env_module(args)
     train_data = _check_data_files(args)
+    check_task_envs(args, data_files(args))
+    notes += overlap_warnings(args)
     _check_expert_prefix(args, train_data)
     return notes + budget_warnings(args)
 
@@ -107,6 +117,8 @@ def _check_env_module(args) -> None:
         raise ArgumentError(f"--rollout-interaction-env-path {path}: {type(err).__name__}: {err}") from None
     except (ImportError, ValueError, SyntaxError) as err:
         raise ArgumentError(f"--rollout-interaction-env-path {path}: {type(err).__name__}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a .py environment file whose own code raised
+        raise raised_at_import("--rollout-interaction-env-path", path, err) from None
 
 
 def data_files(args) -> list[tuple[str, str]]:
