@@ -68,3 +68,23 @@ def paired(a: list[float], b: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     t = statistics.fmean(diffs) / (statistics.stdev(diffs) / math.sqrt(len(diffs)))
     return t, t_two_sided_p(t, len(diffs) - 1)
+
+
+def t_quantile(p_two_sided: float, dof: float) -> float:
+    """The ``t`` with ``P(|T| > t) = p_two_sided`` (bisection on :func:`t_two_sided_p`, which falls in ``t``)."""
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, dof) > p_two_sided:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_two_sided_p(mid, dof) > p_two_sided else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the t-based confidence interval of the mean (nan bounds below 2 values)."""
+    mean = statistics.fmean(values) if values else float("nan")
+    if len(values) < 2:
+        return mean, float("nan"), float("nan")
+    half = t_quantile(1.0 - level, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
