@@ -80,6 +80,10 @@ def test_save_that_cannot_be_created(monkeypatch, capsys, data):
                                                   str(data["root"] / "a_file")])
     assert_one_line_error(code, err, f"--save {data['root'] / 'a_file'}: cannot create that folder: it exists and "
                                      "is not a folder")
+    metrics = data["root"] / "a_file" / "metrics"
+    code, _, err = run_main(monkeypatch, capsys, [*BASE, "--prompt-data", data["train"], "--metrics-dir", str(metrics)])
+    assert_one_line_error(code, err, f"--metrics-dir {metrics}: cannot create that folder: {data['root'] / 'a_file'} "
+                                     "is a file, not a folder")
     # A folder that does not exist yet is fine (created by the first save), and --dry-run creates nothing.
     code, _, err = run_main(monkeypatch, capsys, [*BASE, "--prompt-data", data["train"], "--save",
                                                   str(data["root"] / "new" / "ckpt")])
@@ -107,6 +111,8 @@ EXAMPLE = "(e.g. http://127.0.0.1:13141/generate, the teacher server's endpoint)
     ("ftp://127.0.0.1:13141/generate", "scheme 'ftp' is not http(s)"),
     ("http://127.0.0.1:13141", "no path (add /generate)"),
     ("http://127.0.0.1:13141/v1/completions", "path '/v1/completions' is not /generate"),
+    ("http://127.0.0.1:13141/generate/", "path '/generate/' is not /generate"),
+    ("http://127.0.0.1:13141/generate?x=1", "a query or fragment after /generate"),
     ("http://127.0.0.1/generate", "no port"),
     ("http://127.0.0.1:abc/generate", "port 'abc' is not a number"),
 ])
@@ -116,7 +122,7 @@ def test_rm_url_must_be_a_generate_url(monkeypatch, capsys, data, url, problem):
 
 
 def test_a_good_rm_url_passes(monkeypatch, capsys, data):
-    for url in ("http://127.0.0.1:13141/generate", "https://teacher.internal:443/generate/"):
+    for url in ("http://127.0.0.1:13141/generate", "https://teacher.internal:443/generate"):
         code, _, err = run_main(monkeypatch, capsys, [*BASE, "--prompt-data", data["train"], *TEACHER, "--rm-url", url])
         assert code == 0, err
 

@@ -29,7 +29,7 @@ def url_problem(url: str) -> str | None:
         return "no host"
     if port is None:
         return "no port"
-    if parts.path.rstrip("/") != "/generate":
+    if parts.path != "/generate":  # posted to as given: "/generate/" would rely on the server's redirect
         return "no path (add /generate)" if parts.path in ("", "/") else f"path {parts.path!r} is not /generate"
     if parts.query or parts.fragment:
         return "a query or fragment after /generate"
