@@ -18,7 +18,13 @@
 # SETTING), OUT_DIR (default outputs/tcod-vs-opd/LABEL). For benchmarks/tcod_regimes.sh: GLOBAL_BATCH
 # (optimizer batch in episodes, default BATCH: one step per rollout), TEACHER_SUCCESS + STUDENT_SUCCESS
 # (both given with TEACHER/STUDENT: skip their evaluation), NO_REPORT=1 (skip the report). Every run
-# records /proc/loadavg before and after it in its metrics dir (loadavg.txt).
+# records /proc/loadavg before and after it in its metrics dir (loadavg.txt). For benchmarks/tcod_faithful.sh:
+# EXTRA_ARGS (more train.py flags for every OPD run, e.g. "--turns-per-step 64"), SAVE_FINAL=1 (keep the last
+# step's checkpoint under RUN_DIR/ckpt, for evaluations at other temperatures), N_TRAIN (training tasks,
+# default 512), FINAL_EVAL_TEMPERATURES (with SAVE_FINAL=1: also evaluate the last checkpoint at each of these
+# into RUN_DIR/eval_T{t}.txt), EVAL_EXCLUDE (default 1: the eval file leaves out every training puzzle, by label and first
+# observation; 0 reproduces the published rows, whose eval sets repeated training puzzles: hanoi's 96 of 96,
+# gridnav's about half; 3-disk hanoi has too few distinct puzzles for a disjoint eval set).
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
@@ -46,6 +52,11 @@ case "${SETTING}" in
   # "move A B" is 8 tokens, so 9 with <|im_end|>; a turn is ~55 tokens with its observation.
   hanoi)        ENV_ARGS=(--env hanoi --disks 3 --start random --min-len 2 --max-len 7); TURN_LEN=12
                 RESPONSE_LEN=640 ;;
+  # Long horizons for TCOD's premise (benchmarks/tcod_faithful.sh): 4 disks, up to the 15-move optimum.
+  hanoi-4)      ENV_ARGS=(--env hanoi --disks 4 --start random --min-len 8 --max-len 15); TURN_LEN=12
+                MAX_TURNS=20; RESPONSE_LEN=1280 ;;
+  gridnav-xl)   ENV_ARGS=(--env gridnav --size 10 --walls 0 --min-len 12 --max-len 16); MAX_TURNS=20
+                RESPONSE_LEN=720 ;;
   *) echo "tcod_vs_opd: unknown SETTING ${SETTING}" >&2; exit 2 ;;
 esac
 
@@ -60,9 +71,11 @@ mkdir -p "${OUT_DIR}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 phase "tasks (train seeds 0.., eval seeds 100000..)"
-"${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
+"${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n "${N_TRAIN:-512}" --seed 0 \
+  --out "${OUT_DIR}/train.jsonl"
+EXCLUDE=(); if [ "${EVAL_EXCLUDE:-1}" = 1 ]; then EXCLUDE=(--exclude "${OUT_DIR}/train.jsonl"); fi
 "${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n "${EVAL_N}" --seed 100000 \
-  --out "${OUT_DIR}/eval.jsonl"
+  "${EXCLUDE[@]}" --out "${OUT_DIR}/eval.jsonl"
 # The same training tasks with their expert paths removed, for B2F with the teacher's own prefix (b2ft).
 "${PYTHON}" -c "
 import json, sys
@@ -100,10 +113,11 @@ else
 fi
 # Full-episode eval success of teacher and student, measured here with this setting's rollout flags
 # (an evaluation-only train.py call: --num-rollout 0 evaluates at step -1 and trains nothing).
-evaluate() {
+evaluate() {  # NAME MODEL [TEMPERATURE]
   local dir="${OUT_DIR}/eval_$1"
   rm -rf "${dir}"
   "${PYTHON}" train.py "${BASE[@]}" --seed 0 --rollout-seed 0 --hf-checkpoint "$2" --num-rollout 0 \
+    ${3:+--eval-temperature "$3"} \
     --eval-interval 1 --metrics-dir "${dir}" > "${dir}.log" 2>&1 || die "evaluation of $2 failed; see ${dir}.log"
   "${PYTHON}" -c "
 import sys; from slime.utils.metrics import read_metrics
@@ -148,8 +162,14 @@ for seed in ${SEEDS}; do
       --use-opd --opd-loss "${OPD_LOSS}" --opd-type sglang --rm-url "http://127.0.0.1:${PORT}/generate" \
       --custom-rm-path slime.rollout.on_policy_distillation.reward_func \
       --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards \
-      ${RUN_ARGS[${run}]} --metrics-dir "${dir}" > "${dir}.log" 2>&1 || die "run failed; see ${dir}.log"
+      ${RUN_ARGS[${run}]} ${EXTRA_ARGS:-} ${SAVE_FINAL:+--save "${dir}/ckpt" --save-interval "${STEPS}"} \
+      --metrics-dir "${dir}" > "${dir}.log" 2>&1 || die "run failed; see ${dir}.log"
     echo "$(( SECONDS - t0 ))" > "${dir}/process_wall_s.txt"
+    # The final policy at other eval temperatures (the official configs evaluate at 0.4).
+    for temperature in ${FINAL_EVAL_TEMPERATURES:-}; do
+      final="$(ls -d "${dir}"/ckpt/iter_*/model/hf | tail -n 1)"
+      evaluate "seed${seed}_${run}_T${temperature}" "${final}" "${temperature}" > "${dir}/eval_T${temperature}.txt"
+    done
     printf 'before %s\nafter %s\n' "${load_before}" "$(cat /proc/loadavg)" > "${dir}/loadavg.txt"
   done
 done

@@ -3,9 +3,10 @@
     python -m examples.multi_turn_tcod.envs.make_data --env gridnav --n 200 --seed 0 --out train.jsonl \\
         [--min-len 4 --max-len 12] [--size 8 --walls 0.2]
 
-Seeds are tried from ``--seed`` upwards; a task whose expert path length falls outside ``[--min-len,
---max-len]`` or that an ``--exclude`` file holds (give the eval file ``--exclude`` the training file) is
-skipped, so the file holds exactly ``--n`` rows; the last line printed names the seed range used. Each row::
+Seeds are tried from ``--seed`` upwards; a task whose expert length falls outside ``[--min-len, --max-len]``
+or that an ``--exclude`` file holds (same label or first observation: two seeds can deal one puzzle; make the
+eval file with ``--exclude`` the training file) is skipped, so the file holds exactly ``--n`` rows; the last
+line printed names the seed range used. Each row::
 
     {"input": first observation, "label": JSON task id, "metadata": {"env": ..., "seed": ..., params,
      "expert_actions": [...]}}
@@ -72,7 +73,7 @@ def task_rows(
         if actions is None or not (min_len <= len(actions) <= (max_len or len(actions))):
             continue
         label = json.dumps(metadata, sort_keys=True)
-        if label in exclude:  # a task of another split
+        if {label, json.dumps(first_observation)} & exclude:  # a task of another split
             continue
         # The actions live in metadata: upstream slime's Dataset keeps only the metadata column.
         yield {"input": first_observation, "label": label, "metadata": {**metadata, "expert_actions": actions}}
@@ -97,7 +98,8 @@ def main(argv=None, modules: dict = ENV_MODULES, options: dict = PARAM_OPTIONS) 
         parser.error("--n must be >= 1")
     params = {name: getattr(args, name) for name in options}
     try:
-        exclude = {json.loads(line)["label"] for path in args.exclude for line in open(path) if line.strip()}
+        excluded = [json.loads(line) for path in args.exclude for line in open(path) if line.strip()]
+        exclude = {row["label"] for row in excluded} | {json.dumps(row["input"]) for row in excluded}
     except (OSError, ValueError, KeyError) as err:
         parser.error(f"--exclude: not a make_data file ({type(err).__name__}: {err})")
 
