@@ -311,3 +311,13 @@ def test_make_data_exclude_leaves_out_the_tasks_of_another_file(tmp_path, capsys
     with pytest.raises(SystemExit):  # argparse's error: a missing --exclude file is named, not a traceback
         make_data.main(grid + ["--n", "3", "--exclude", str(tmp_path / "none.jsonl"), "--out", str(evaluation)])
     assert "--exclude: not a make_data file (FileNotFoundError" in capsys.readouterr().err
+
+
+def test_make_data_exclude_catches_the_same_puzzle_dealt_by_another_seed(tmp_path):
+    train, evaluation = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    hanoi = ["--env", "hanoi", "--disks", "3", "--min-len", "2", "--max-len", "7"]
+    make_data.main(hanoi + ["--n", "40", "--seed", "0", "--out", str(train)])
+    inputs = [json.loads(line)["input"] for line in open(train)]
+    assert len(set(inputs)) < 40  # 3-disk puzzles repeat across seeds: a seed range alone is not a split
+    make_data.main(hanoi + ["--n", "5", "--seed", "100000", "--exclude", str(train), "--out", str(evaluation)])
+    assert not {json.loads(line)["input"] for line in open(evaluation)} & set(inputs)
