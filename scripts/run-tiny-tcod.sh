@@ -66,6 +66,8 @@ COMMON=(
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
   --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
   --eval-prompt-data gridnav "${OUT_DIR}/eval.jsonl" --eval-temperature 1.0
+  # Batch-invariant engines: a rerun with the same seeds repeats every figure (docs/en/engines.md).
+  --sglang-enable-deterministic-inference
 )
 
 # ---------------------------------------------------------------- 2. teacher + student by SFT
@@ -93,7 +95,7 @@ echo "full-episode eval success (temperature 1.0, ${EVAL_N} tasks): teacher ${TE
 phase "3/5 teacher server (hf_engine, SGLang protocol)"
 PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
 "${PYTHON}" -m slime.backends.hf_engine --model-path "${TEACHER}" --port "${PORT}" --random-seed "${SEED}" \
-  > "${OUT_DIR}/teacher_server.log" 2>&1 &
+  --enable-deterministic-inference > "${OUT_DIR}/teacher_server.log" 2>&1 &
 TEACHER_PID=$!
 "${PYTHON}" -m slime.backends.sglang_utils.wait_healthy --port "${PORT}" --pid "${TEACHER_PID}" \
   || die "teacher server did not come up; see ${OUT_DIR}/teacher_server.log"

@@ -108,7 +108,7 @@ def test_a_router_without_workers_stops_the_run(stubs):
 def test_hf_engine_standing_in_for_the_router_gets_the_weights(tmp_path):
     a = save_tiny_checkpoint(tmp_path / "a", hidden_size=16, num_layers=1, num_heads=2, seed=0)
     b = save_tiny_checkpoint(tmp_path / "b", hidden_size=16, num_layers=1, num_heads=2, seed=1)
-    server, runner = start_hf_engine(a)
+    server, runner = start_hf_engine(a, deterministic=True)
     try:
         manager = manager_for(server.port)
         manager.wait_engines()
@@ -132,7 +132,8 @@ def test_engines_that_ignore_seeds_are_reported(stubs, caplog):
 
 
 def test_launched_sglang_servers_honour_sampling_seeds():
-    args = parse_args(argv=["--hf-checkpoint", "/models/qwen", "--rollout-backend", "sglang"])
+    args = parse_args(argv=["--hf-checkpoint", "/models/qwen", "--rollout-backend", "sglang",
+                            "--sglang-enable-deterministic-inference"])
     assert "--enable-deterministic-inference" in build_engine_command(args, port=1)
 
 

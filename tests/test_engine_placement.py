@@ -45,7 +45,8 @@ def test_engines_get_their_own_gpus(tmp_path, monkeypatch):
     assert not ray.is_initialized()
     ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
     manager = RolloutManager.__new__(RolloutManager)
-    manager.args, manager.engines, manager._engine_group, manager.needs_engines = args_for(model), [], None, True
+    args = args_for(model, "--sglang-enable-deterministic-inference")
+    manager.args, manager.engines, manager._engine_group, manager.needs_engines = args, [], None, True
     manager._router = None
     try:
         manager._start_engines()

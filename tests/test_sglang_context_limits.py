@@ -34,7 +34,7 @@ def engines(tmp_path_factory):
                                        max_position_embeddings=POLICY_CTX)
     teacher_path = save_tiny_checkpoint(root / "teacher", hidden_size=32, num_layers=1, num_heads=2, seed=4,
                                         max_position_embeddings=TEACHER_CTX)
-    policy, _ = start_hf_engine(policy_path)
+    policy, _ = start_hf_engine(policy_path, deterministic=True)
     teacher, runner = start_hf_engine(teacher_path)
     yield policy, teacher, str(policy_path), runner
     run_async(http_utils.close_session())

@@ -73,6 +73,9 @@ def add_cluster_arguments(parser):
                         "unset: SGLang's own default)")
     g.add_argument("--sglang-disable-radix-cache", action="store_true",
                    help="engines prefill every request from scratch (no prefix / radix cache)")
+    g.add_argument("--sglang-enable-deterministic-inference", action="store_true",
+                   help="started engines get --enable-deterministic-inference: a request's result does not depend "
+                        "on what it is batched with, so reruns repeat (slower)")
     g.add_argument("--engine-host", type=str, default="127.0.0.1", help="bind address of started engines")
     g.add_argument("--seed", type=int, default=1234,
                    help="passed to started engines as --random-seed; seeds the megatron trainer's model-parallel "

@@ -1,8 +1,8 @@
 """Start the engine: ``python -m slime.backends.hf_engine --model-path DIR --port P``.
 
 Flag names follow ``sglang.launch_server`` where the two overlap (--model-path, --tokenizer-path,
---host, --port, --dtype, --random-seed, --max-prefill-tokens, --context-length), so launch scripts read
-alike.
+--host, --port, --dtype, --random-seed, --max-prefill-tokens, --context-length, --disable-radix-cache,
+--enable-deterministic-inference), so launch scripts read alike.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def parse_args(argv=None):
                    help="memory for the KV of finished requests, reused by requests that share their prefix")
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="SGLang's name: turn the prefix cache off (every request is prefilled from scratch)")
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="SGLang's flag: a request's tokens and log-probs do not depend on what shares its batch "
+                        "(one forward per row, prefix cache off, unseeded requests get --random-seed); slower")
     p.add_argument("--log-level", default="info")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is gone (the launcher passes its own pid, so an engine never "
@@ -65,7 +68,8 @@ def build(args):
                          context_length=args.context_length)
     cache_bytes = 0 if args.disable_radix_cache else int(args.prefix_cache_mb * 2**20)
     scheduler = Scheduler(runner, max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
-                          seed=args.random_seed, prefix_cache_bytes=cache_bytes)
+                          seed=args.random_seed, prefix_cache_bytes=cache_bytes,
+                          deterministic=args.enable_deterministic_inference)
     scheduler.start()
     return make_app(runner, scheduler)
 

@@ -8,7 +8,9 @@ and top_k = -1.
 
 Reproducibility: each row draws its one uniform number from its own ``torch.Generator`` and picks the
 token by inverse CDF over its own probabilities, so a seeded request yields the same tokens whatever
-else shares its batch (up to float rounding of the batched forward).
+else shares its batch (up to float rounding of the batched forward). :func:`sample_rows` samples each
+row alone, so not even the rounding of the batched softmax, sort and cumsum can depend on the batch
+(deterministic inference).
 """
 
 from __future__ import annotations
@@ -77,3 +79,17 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams], generators: 
     asked = [None if not ids else logp[row, torch.tensor(ids, device=logp.device)].tolist()
              for row, ids in enumerate(id_lists)]
     return tokens, chosen, tops, asked
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                top_ks: list[int] | None = None, id_lists: list | None = None):
+    """:func:`sample_next` one row at a time (same arguments and results): batch-invariant sampling."""
+    top_ks = top_ks or [0] * len(params)
+    parts = [sample_next(logits[i:i + 1], [params[i]], [generators[i]], [top_ks[i]],
+                         None if id_lists is None else [id_lists[i]]) for i in range(len(params))]
+    tokens = torch.cat([p[0] for p in parts])
+    chosen = torch.cat([p[1] for p in parts])
+    tops = [p[2][0] for p in parts]
+    if id_lists is None:
+        return tokens, chosen, tops
+    return tokens, chosen, tops, [p[3][0] for p in parts]

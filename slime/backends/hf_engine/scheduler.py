@@ -15,6 +15,12 @@ A weight update is a barrier in the queue: requests that arrived before it finis
 Finished generations leave their KV in a prefix cache (``prefix_cache``) so a later request that
 starts with the same tokens (the next turn of an agent, another sample of the same prompt) prefills
 only what is new. The cache is cleared with every weight update: old weights' KV would be wrong.
+
+``deterministic=True`` (``--enable-deterministic-inference``) makes a request's result independent of
+timing: each row runs its own forward (``row_runner``) and is sampled alone, a request without a seed
+gets the server's ``--random-seed`` (not the next draw of a stream shared in arrival order), and the
+prefix cache is off: whether an entry is there depends on what finished first, and reused KV (from
+other forwards' shapes) differs from a fresh prefill in the last bits.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import torch
 from slime.backends.hf_engine.protocol import (GenerateRequest, GenerateResult, finish_abort, finish_length,
                                                finish_stop)
 from slime.backends.hf_engine.prefix_cache import PrefixCache
-from slime.backends.hf_engine.sampling import make_generator, sample_next
+from slime.backends.hf_engine.row_runner import RowRunner
+from slime.backends.hf_engine.sampling import make_generator, sample_next, sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +95,15 @@ class _Barrier:
 
 class Scheduler:
     def __init__(self, runner, *, max_batch_size: int = 64, max_prefill_tokens: int = 16384,
-                 batch_wait_s: float = 0.002, seed: int = 0, prefix_cache_bytes: int = 0):
-        self.runner = runner
+                 batch_wait_s: float = 0.002, seed: int = 0, prefix_cache_bytes: int = 0,
+                 deterministic: bool = False):
+        self.deterministic = deterministic
+        if deterministic and prefix_cache_bytes:
+            logger.info("deterministic inference: the prefix cache is off")
+            prefix_cache_bytes = 0
+        self.runner = RowRunner(runner) if deterministic else runner
+        self._sample = sample_rows if deterministic else sample_next
+        self.default_seed = seed
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -118,7 +132,9 @@ class Scheduler:
         self._thread.join(timeout=10)
 
     def submit(self, req: GenerateRequest, loop, future) -> None:
-        seed = req.sampling.seed if req.sampling.seed is not None else self._seeds.getrandbits(63)
+        seed = req.sampling.seed
+        if seed is None:  # a stream drawn in arrival order would make the seed depend on timing
+            seed = self.default_seed if self.deterministic else self._seeds.getrandbits(63)
         with self._count_lock:
             self._unanswered += 1
         self._inbox.put(_Job(req, loop, future, make_generator(seed)))
@@ -353,9 +369,9 @@ class Scheduler:
         Returns (tokens, kept rows). Finished rows are stored in the prefix cache first.
         """
         extra = _id_lists(jobs)
-        tokens, logprobs, tops, *asked = sample_next(logits, [j.req.sampling for j in jobs],
-                                                     [j.generator for j in jobs], [j.req.top_k_logprobs for j in jobs],
-                                                     **extra)
+        tokens, logprobs, tops, *asked = self._sample(logits, [j.req.sampling for j in jobs],
+                                                      [j.generator for j in jobs], [j.req.top_k_logprobs for j in jobs],
+                                                      **extra)
         asked = asked[0] if asked else [None] * len(jobs)
         keep = []
         for i, job in enumerate(jobs):

@@ -129,12 +129,13 @@ async def get_server_info(request: web.Request) -> web.Response:
 
     As in SGLang, ``context_length`` is the launch flag (null when the model's own length is used) and
     ``max_req_input_len`` the scheduler's prompt limit (prompts this long or longer are refused);
-    ``enable_deterministic_inference`` is true because hf_engine always honours ``sampling_seed``."""
+    ``enable_deterministic_inference`` the launch flag: with it a request's result does not depend on its
+    batch (without it seeds are honoured too, but batched float rounding can tip a token)."""
     runner, scheduler = request.app[RUNNER], request.app[SCHEDULER]
     return web.json_response({"model_path": runner.model_path, "tokenizer_path": runner.tokenizer_path,
                               "context_length": getattr(runner, "context_length_arg", None),
                               "max_req_input_len": max_req_input_len(runner.context_len),
-                              "enable_deterministic_inference": True,
+                              "enable_deterministic_inference": bool(getattr(scheduler, "deterministic", False)),
                               "tp_size": 1,
                               "max_batch_size": scheduler.max_batch_size,
                               "max_prefill_tokens": scheduler.max_prefill_tokens,

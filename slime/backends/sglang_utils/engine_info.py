@@ -13,8 +13,9 @@ whether they honour per-request sampling seeds (this project's runtime; SGLang 0
   ``max_req_input_len + 6`` (exact without a KV-pool limit, and a safe lower bound with one), else the
   model's ``max_position_embeddings`` from a local config.
 * **Seeds.** SGLang uses ``sampling_seed`` only when it runs with ``--enable-deterministic-inference``
-  (``enable_deterministic_inference`` in ``/server_info``); otherwise every request is seeded alike and
-  a rerun does not reproduce its rollouts.
+  (``enable_deterministic_inference`` in ``/server_info``); otherwise every request is seeded alike. The
+  hf_engine honours seeds either way, but without the flag its numbers depend on what shares a batch.
+  Either way a rerun does not reproduce its rollouts without the flag.
 
 The limits land on ``args.engine_limits`` as ``{"rollout": {...}, "teacher": {...}}`` with
 ``context_len`` and ``max_prompt_len`` (the longest prompt accepted), and :func:`clamp_context_flags` makes
@@ -149,9 +150,10 @@ async def require_router_workers(args) -> list[str]:
 def warn_if_seeds_ignored(what: str, urls: list[str], limits: EngineLimits) -> None:
     if limits.deterministic is False:
         logger.warning("%s %s run(s) without --enable-deterministic-inference: SGLang ignores the per-request "
-                       "sampling_seed then, so a resumed or repeated run does not regenerate the same rollouts. "
-                       "Start them with --enable-deterministic-inference to make rollouts reproducible.",
-                       what, urls)
+                       "sampling_seed then, and the hf_engine's results depend on what shares a batch, so a "
+                       "resumed or repeated run does not regenerate the same rollouts. Start them with "
+                       "--enable-deterministic-inference (train.py: --sglang-enable-deterministic-inference) "
+                       "to make rollouts reproducible.", what, urls)
     elif limits.deterministic is None:
         logger.warning("%s %s do(es) not report enable_deterministic_inference in /server_info: per-request "
                        "sampling seeds may be ignored (SGLang honours them only with "

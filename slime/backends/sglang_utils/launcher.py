@@ -56,10 +56,14 @@ def build_sglang_command(args, *, model_path: str | None = None, host: str | Non
         cmd += ["--context-length", str(args.rollout_max_context_len)]
     if getattr(args, "sglang_disable_radix_cache", False):
         cmd += ["--disable-radix-cache"]
-    # Every rollout request carries a sampling_seed (sglang_rollout.sampling_seed); SGLang uses it only in
-    # deterministic-inference mode, otherwise a resumed run would not regenerate the same rollouts.
-    cmd += ["--enable-deterministic-inference"]
-    return cmd
+    return cmd + _deterministic_flag(args)
+
+
+def _deterministic_flag(args) -> list[str]:
+    """SGLang's ``--enable-deterministic-inference``, for both engines, exactly when upstream's
+    ``--sglang-enable-deterministic-inference`` is given. Without it SGLang ignores the per-request
+    sampling_seed and the hf_engine's numbers depend on what shares a batch: reruns part after a while."""
+    return ["--enable-deterministic-inference"] if getattr(args, "sglang_enable_deterministic_inference", False) else []
 
 
 def build_hf_engine_command(args, *, model_path: str | None = None, host: str | None = None, port: int,
@@ -77,7 +81,7 @@ def build_hf_engine_command(args, *, model_path: str | None = None, host: str | 
         cmd += ["--context-length", str(args.rollout_max_context_len)]  # as for SGLang
     if getattr(args, "sglang_disable_radix_cache", False):
         cmd += ["--disable-radix-cache"]  # the hf_engine takes SGLang's flag name
-    return cmd
+    return cmd + _deterministic_flag(args)
 
 
 def build_engine_command(args, **kwargs) -> list[str]:
