@@ -275,3 +275,22 @@ def test_eval_sharing_training_tasks_is_warned(monkeypatch, capsys, data):
     _, lines = warnings_of("bare", data["unlabelled"], dry_run=False)
     assert lines[0] == ("train.py: warning: --eval-prompt-data bare shares 4 of 4 tasks with --prompt-data: its "
                         "scores are not on held-out tasks")
+
+
+def test_the_same_puzzle_under_another_seed_counts_as_shared(tmp_path):
+    from argparse import Namespace
+
+    from slime.utils.data_overlap import overlap_warnings
+
+    def write(name, rows):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    train = write("train.jsonl", [{"input": "pegs: A=[3,2,1]", "label": '{"seed": 1}'}])
+    same_puzzle = write("eval.jsonl", [{"input": "pegs: A=[3,2,1]", "label": '{"seed": 7}'},
+                                       {"input": "pegs: B=[3,2,1]", "label": '{"seed": 8}'}])
+    args = Namespace(prompt_data=train, eval_prompt_data=["hanoi", same_puzzle], input_key="input",
+                     label_key="label", metadata_key="metadata")
+    assert overlap_warnings(args) == ["warning: --eval-prompt-data hanoi shares 1 of 2 tasks with --prompt-data: "
+                                      "its scores are not on held-out tasks"]

@@ -2,7 +2,9 @@
 
 A task's identity is its row's label (``make_data`` writes the task's JSON id there), or without a label
 its metadata minus ``expert_actions`` as JSON (the same task with or without a replayable solution, and
-the same text make_data writes as the label), or without either its prompt.
+the same text make_data writes as the label), or without either its prompt. Two rows are one task when
+their ids or their prompts match: two seeds can deal the same puzzle (3-disk hanoi has a few dozen), and
+its first observation is then the same text.
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ def task_id(row: dict, args) -> str:
     return json.dumps({"prompt": row.get(args.input_key)}, sort_keys=True, default=str)
 
 
+def _prompt(row: dict, args) -> str:
+    return json.dumps({"prompt": row.get(args.input_key)}, sort_keys=True, default=str)
+
+
 def overlap_warnings(args) -> list[str]:
     if not args.prompt_data or not args.eval_prompt_data:
         return []
-    train = {task_id(row, args) for _, row in rows(args.prompt_data)}
+    train_rows = [row for _, row in rows(args.prompt_data)]
+    train = {task_id(row, args) for row in train_rows} | {_prompt(row, args) for row in train_rows}
     notes = []
     for name, path in zip(args.eval_prompt_data[0::2], args.eval_prompt_data[1::2]):
-        ids = [task_id(row, args) for _, row in rows(path)]
-        shared = sum(i in train for i in ids)
+        eval_rows = [row for _, row in rows(path)]
+        shared = sum(bool({task_id(row, args), _prompt(row, args)} & train) for row in eval_rows)
         if shared:
-            notes.append(f"warning: --eval-prompt-data {name} shares {shared} of {len(ids)} tasks with "
+            notes.append(f"warning: --eval-prompt-data {name} shares {shared} of {len(eval_rows)} tasks with "
                          "--prompt-data: its scores are not on held-out tasks")
     return notes
