@@ -4,11 +4,14 @@
 # request, for upstream slime's train.py, is examples/multi_turn_tcod/run-qwen3-8B-tcod.sh.
 # Official TCOD settings (arXiv:2604.24005) are the defaults; override with environment variables:
 #   TCOD_MODE=f2b|b2f  TASK_ENV=scienceworld|alfworld|webshop  NUM_GPUS=8  TEACHER_GPUS=2
-#   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  DATA=/path/train.jsonl  SAVE=/path/ckpt
+#   STUDENT=/path/Qwen3-8B  TEACHER=/path/Qwen3-32B  SAVE=/path/ckpt
+#   DATA / EVAL_DATA: task files (default DATA_DIR/TASK_ENV_train.jsonl and _eval.jsonl, DATA_DIR = data/
+#   of this repository); a missing one is named with the make_data command that writes it
+#   PYTHON: default this repository's .venv/bin/python if it exists, else python3; it must have torch
 #   TRAIN_BACKEND=fsdp|megatron  TP=2 (megatron: tensor-parallel size; the trainer's GPUs are rounded down
 #   to a multiple of it and the rest go to the rollout engines)
 # DRY_RUN=1 checks the flags, plugin paths and data files (DATA and EVAL_DATA must exist) and prints the
-# plan without starting anything. REHEARSAL=1 runs these flags on CPU for 2 rollouts with tiny models and
+# plan without starting anything (no GPU, no checkpoint needed). REHEARSAL=1 runs these flags on CPU for 2 rollouts with tiny models and
 # the hf_engine in place of the checkpoints and SGLang (scripts/rehearsal.py lists every swap), writing
 # under REHEARSAL_DIR (default: a new temporary folder); the test suite runs it.
 # GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
@@ -17,7 +20,9 @@
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "${SCRIPT_DIR}/.." && pwd)"
-PYTHON="${PYTHON:-python3}"
+# shellcheck source=scripts/find-python.sh
+. "${SCRIPT_DIR}/find-python.sh"
+find_python run-qwen3-8B-tcod-runtime.sh torch transformers ray
 
 TCOD_MODE="${TCOD_MODE:-b2f}"
 TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
@@ -28,8 +33,12 @@ TEACHER_GPUS="${TEACHER_GPUS:-2}"
 STUDENT="${STUDENT:-/root/models/Qwen3-8B}"
 TEACHER="${TEACHER:-/root/models/Qwen3-32B}"
 TEACHER_PORT="${TEACHER_PORT:-13141}"
-DATA="${DATA:-/root/data/tcod/${TASK_ENV}_train.jsonl}"
-EVAL_DATA="${EVAL_DATA:-/root/data/tcod/${TASK_ENV}_eval.jsonl}"
+DATA_DIR="${DATA_DIR:-${REPO_DIR}/data}"
+DATA="${DATA:-${DATA_DIR}/${TASK_ENV}_train.jsonl}"
+EVAL_DATA="${EVAL_DATA:-${DATA_DIR}/${TASK_ENV}_eval.jsonl}"
+# Relative paths are the caller's; train.py runs from the repository root.
+case "${DATA}" in /*) ;; *) DATA="${PWD}/${DATA}" ;; esac
+case "${EVAL_DATA}" in /*) ;; *) EVAL_DATA="${PWD}/${EVAL_DATA}" ;; esac
 SAVE="${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}"
 
 # Per-environment horizon (k_max = max_env_steps), curriculum speed eta and step budget (official).
@@ -118,6 +127,18 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
   REHEARSAL_ARGS=(--task-env "${TASK_ENV}" --dir "${REHEARSAL_DIR:-$(mktemp -d -t slime-rehearsal-XXXXXX)}")
   exec "${PYTHON}" -m scripts.rehearsal "${REHEARSAL_ARGS[@]}" -- "${ALL_ARGS[@]}"
 fi
+# Checked here rather than by train.py, to say how to make the file. ScienceWorld numbers the variations of
+# a task by seed: 0..149 are its train split and 150..224 its dev split, so the two files stay disjoint.
+need_data() {  # need_data VARIABLE PATH TASKS FIRST_SEED
+  [ -f "$2" ] && return 0
+  case "${TASK_ENV}" in
+    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4} --out ${2}" >&2 ;;
+    *) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; ${TASK_ENV} tasks are rows written from its downloaded data (examples/agent_envs/README.md, ALFWorld and WebShop)" >&2 ;;
+  esac
+  exit 2
+}
+need_data DATA "${DATA}" 150 0
+need_data EVAL_DATA "${EVAL_DATA}" 75 150
 if [ "${DRY_RUN:-0}" = 1 ]; then
   # Checkpoints need not be on this machine for the plan; data files and plugin paths are checked.
   exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}"
@@ -142,4 +163,4 @@ export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TRAIN_GPUS - 1 )))
 ray start --head --num-gpus "${TRAIN_GPUS}" --disable-usage-stats
 ray job submit --address="http://127.0.0.1:8265" \
   --runtime-env-json="{\"working_dir\": \"${REPO_DIR}\"}" \
-  -- python3 train.py "${ALL_ARGS[@]}"
+  -- "${PYTHON}" train.py "${ALL_ARGS[@]}"

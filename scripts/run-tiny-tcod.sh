@@ -8,16 +8,19 @@
 #      regime measured to work (docs/en/advanced/opd-regimes.md): one optimizer step per rollout and
 #      --opd-loss full (the reverse KL over the teacher's top-20 tokens, not one sampled token)
 #   4. table + plot (scripts/tcod_report.py) under OUT_DIR
-# Environment: PYTHON (default python3), OUT_DIR (default outputs/tiny-tcod), STEPS, TEACHER_STEPS,
-# STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full | sampled), EVAL_N, TRAIN_BACKEND (fsdp |
-# megatron: the same runs on the Megatron-core trainer). Evaluation is at the
-# rollout temperature 1.0, the distribution OPD matches (why: docs/en/advanced/opd-regimes.md).
+# Environment: PYTHON (default this repository's .venv/bin/python if it exists, else python3), OUT_DIR
+# (default outputs/tiny-tcod), STEPS, TEACHER_STEPS, STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full |
+# sampled), EVAL_N, TRAIN_BACKEND (fsdp | megatron: the same runs on the Megatron-core trainer).
+# Evaluation is at the rollout temperature 1.0, the distribution OPD matches (why:
+# docs/en/advanced/opd-regimes.md). After SFT it warns when the teacher does not beat the student.
 # Measured time: docs/en/demo.md.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "${SCRIPT_DIR}/.." && pwd)"
+# shellcheck source=scripts/find-python.sh
+. "${SCRIPT_DIR}/find-python.sh"
+find_python run-tiny-tcod.sh torch transformers ray matplotlib
 cd "${REPO_DIR}"
-PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT_DIR:-outputs/tiny-tcod}"
 SEED="${SEED:-0}"
 TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
@@ -42,9 +45,9 @@ cleanup() { if [ -n "${TEACHER_PID}" ]; then kill "${TEACHER_PID}" 2>/dev/null |
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# find_spec, not import: importing torch + transformers + ray costs half a minute on a busy 2-core box.
-"${PYTHON}" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('torch', 'transformers', 'ray', 'matplotlib')))" \
-  || die "${PYTHON} lacks the dependencies: run 'make demo' (or pip install -e '.[dev]')"
+# The student is a checkpoint of the teacher's own SFT run, so it must come first.
+[ "${STUDENT_STEPS}" -lt "${TEACHER_STEPS}" ] \
+  || { echo "run-tiny-tcod.sh: STUDENT_STEPS (${STUDENT_STEPS}) must be below TEACHER_STEPS (${TEACHER_STEPS})" >&2; exit 2; }
 mkdir -p "${OUT_DIR}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
@@ -82,13 +85,11 @@ ckpt() { printf '%s/sft/iter_%07d/model/hf' "${OUT_DIR}" "$(( $1 - 1 ))"; }
 TEACHER="$(ckpt "${TEACHER_STEPS}")"
 STUDENT="$(ckpt "${STUDENT_STEPS}")"
 [ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${OUT_DIR}/sft"
-# The SFT run evaluated every STUDENT_STEPS steps: at the student's checkpoint and at the teacher's.
-sft_eval() { "${PYTHON}" -c "
-import sys; from slime.utils.metrics import read_metrics
-print(next(r['eval/gridnav/success_rate'] for r in read_metrics(sys.argv[1]) if r['step'] == int(sys.argv[2])))
-" "${OUT_DIR}/sft/metrics.jsonl" "$(( $1 - 1 ))"; }
-TEACHER_SUCCESS="$(sft_eval "${TEACHER_STEPS}")"
-STUDENT_SUCCESS="$(sft_eval "${STUDENT_STEPS}")"
+# The SFT run evaluated every STUDENT_STEPS steps: at the student's checkpoint and at the teacher's. The
+# helper prints both and warns (stderr) when the teacher is not ahead: the runs below would distil nothing.
+read -r TEACHER_SUCCESS STUDENT_SUCCESS <<< "$("${PYTHON}" -m scripts.sft_eval "${OUT_DIR}/sft/metrics.jsonl" \
+  --teacher-step "$(( TEACHER_STEPS - 1 ))" --student-step "$(( STUDENT_STEPS - 1 ))" --tasks "${EVAL_N}")"
+[ -n "${STUDENT_SUCCESS}" ] || die "no SFT evaluation in ${OUT_DIR}/sft/metrics.jsonl"
 echo "full-episode eval success (temperature 1.0, ${EVAL_N} tasks): teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}"
 
 # ---------------------------------------------------------------- 3. teacher server

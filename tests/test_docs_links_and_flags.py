@@ -2,7 +2,10 @@
 
 * Every relative Markdown link (and image) in README.md, docs/**/*.md and examples/**/README.md
   resolves to a file of this repository; a ``#anchor`` into a Markdown file must name one of its
-  headings (GitHub's slugs). A repository path they name in backticks (``slime/rollout/tcod.py``)
+  headings (GitHub's slugs). The one exception is the pull request's pages (tools/slime_pr/manifest.py),
+  which link upstream slime's pages relatively, as they will sit in its tree (the harness,
+  tools/slime_pr/verify_pr.py, checks those links in the ported tree); this repository's own pages link
+  upstream's files as https://github.com/THUDM/slime/blob/main/PATH. A repository path they name in backticks (``slime/rollout/tcod.py``)
   exists, unless it is one of upstream slime's files.
 * Every ``--flag`` named in those docs and in scripts/*.sh and examples/multi_turn_tcod/*.sh is known
   to the command it belongs to: train.py's parser (``slime.utils.arguments.get_parser``), the parser
@@ -48,12 +51,12 @@ SCRIPTS = sorted(
 UPSTREAM_ONLY_TARGETS = {
     "docs/en/advanced/on-policy-distillation.md",
     "docs/zh/advanced/on-policy-distillation.md",
-    "docs/en/get_started/customization.md",
     "docs/zh/get_started/customization.md",
     "examples/on_policy_distillation/README.md",
     "examples/geo3k_vlm_multi_turn/README.md",
 }
 PR_MARKDOWN = {p for p in manifest.COPIED_FILES if p.endswith(".md")}
+UPSTREAM_URL = "https://github.com/THUDM/slime/blob/main/"
 # Files of upstream slime's tree that the docs name in backticks as upstream's: they exist there, not here.
 UPSTREAM_PATHS = {
     "examples/geo3k_vlm_multi_turn", "examples/README.md", "examples/on_policy_distillation/run-qwen3-8B-opd.sh",
@@ -118,6 +121,7 @@ def commands() -> dict[str, set[str]]:
         "agent_envs.make_data": _help_flags(agent_make_data.main),
         "envs.make_data": _help_flags(pr_make_data.main),
         "tcod_report": _ast_flags("scripts/tcod_report.py"),
+        "sft_eval": _ast_flags("scripts/sft_eval.py"),
         "port.py": _ast_flags("tools/slime_pr/port.py"),
         "check_launch_flags": _ast_flags("tools/slime_pr/check_launch_flags.py"),
         "rehearsal": _ast_flags("scripts/rehearsal.py"),
@@ -140,6 +144,7 @@ MARKERS = [
     (re.compile(r"examples\.agent_envs\.make_data"), "agent_envs.make_data"),
     (re.compile(r"examples\.multi_turn_tcod\.envs\.make_data"), "envs.make_data"),
     (re.compile(r"tcod_report"), "tcod_report"),
+    (re.compile(r"scripts\.sft_eval"), "sft_eval"),
     (re.compile(r"tools/slime_pr/port\.py"), "port.py"),
     (re.compile(r"check_launch_flags"), "check_launch_flags"),
     (re.compile(r"scripts\.rehearsal\b|scripts/rehearsal\.py"), "rehearsal"),
@@ -318,7 +323,10 @@ def _dead_links(path: Path, root: Path = ROOT) -> list[str]:
             dead.append(f"{rel}:{no}: {target} (outside the repository)")
             continue
         if not dest.exists():
-            if not (rel in PR_MARKDOWN and dest_rel in UPSTREAM_ONLY_TARGETS):
+            if rel not in PR_MARKDOWN:
+                dead.append(f"{rel}:{no}: {target} (no such file here; a file of upstream slime's tree is linked as "
+                            f"{UPSTREAM_URL}{dest_rel})")
+            elif dest_rel not in UPSTREAM_ONLY_TARGETS:
                 dead.append(f"{rel}:{no}: {target} (no such file)")
             continue
         if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
@@ -334,6 +342,37 @@ def test_docs_exist():
 def test_every_relative_link_resolves():
     dead = [d for path in DOCS for d in _dead_links(path)]
     assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_upstream_only_targets_are_upstreams_and_linked_by_the_pr():
+    # The exemption covers only pages this repository lacks and the PR's pages link: a page added here,
+    # or one no PR page links any more, must leave the list (else it would hide a dead link).
+    here = sorted(t for t in UPSTREAM_ONLY_TARGETS if (ROOT / t).exists())
+    assert not here, f"in this repository, so not upstream-only: {here}"
+    linked = set()
+    for rel in PR_MARKDOWN:
+        for _, target in _links(ROOT / rel):
+            if not re.match(r"[a-z][a-z0-9+.-]*:", target) and target.partition("#")[0]:
+                dest = ((ROOT / rel).parent / target.partition("#")[0]).resolve()
+                with contextlib.suppress(ValueError):
+                    linked.add(dest.relative_to(ROOT).as_posix())
+    assert UPSTREAM_ONLY_TARGETS <= linked, f"no PR page links {sorted(UPSTREAM_ONLY_TARGETS - linked)}"
+
+
+def _odd_upstream_urls(path: Path, root: Path = ROOT) -> list[str]:
+    """Links into upstream slime's repository that do not name a path on its main branch."""
+    odd = []
+    for no, target in _links(path):
+        m = re.match(r"https?://github\.com/THUDM/slime(/.*)?$", target)
+        if m and m.group(1) and not re.match(r"/(blob|tree)/main/[\w./-]+(#[\w-]+)?$", m.group(1)):
+            odd.append(f"{path.relative_to(root)}:{no}: {target}")
+    return odd
+
+
+def test_own_pages_link_upstream_files_by_their_blob_url():
+    # A link to a file of upstream's repository names its main branch, so it opens from anywhere.
+    odd = [o for path in DOCS if path.relative_to(ROOT).as_posix() not in PR_MARKDOWN for o in _odd_upstream_urls(path)]
+    assert not odd, f"links into upstream slime not of the form {UPSTREAM_URL}PATH:\n" + "\n".join(odd)
 
 
 def _missing_paths(path: Path, root: Path = ROOT) -> list[str]:
@@ -373,6 +412,22 @@ def test_the_checks_catch_what_they_should(tmp_path):
     script.write_text("ARGS=(--not-a-train-flag --lr 1)\npython3 train.py \"${ARGS[@]}\" --n 3\n"
                       "python -m examples.agent_envs.make_data --env gridnav --n 3 --lr 1\n")
     (tmp_path / "docs" / "paths.md").write_text("`slime/no_such_module.py` and `docs/probe.md`\n")
+    # Upstream's pages: linked relatively from one of this repository's pages, the link is dead (with the
+    # URL to use instead); from the PR's own page, which will sit in upstream's tree, it is accepted.
+    upstream_page = "examples/geo3k_vlm_multi_turn/README.md"
+    assert upstream_page in UPSTREAM_ONLY_TARGETS and "docs/en/advanced/multi-turn-tcod.md" in PR_MARKDOWN
+    (tmp_path / "docs" / "own.md").write_text(f"# Own\n\n[geo3k](../{upstream_page})\n")
+    (tmp_path / "docs/en/advanced").mkdir(parents=True)
+    pr_page = tmp_path / "docs/en/advanced/multi-turn-tcod.md"
+    pr_page.write_text(f"# PR\n\n[geo3k](../../../{upstream_page}) [gone](../../../examples/nowhere.md)\n")
+    (own_dead,) = _dead_links(tmp_path / "docs" / "own.md", tmp_path)
+    assert own_dead.endswith(f"(no such file here; a file of upstream slime's tree is linked as {UPSTREAM_URL}{upstream_page})")
+    assert [d.split(": ")[1].split()[0] for d in _dead_links(pr_page, tmp_path)] == ["../../../examples/nowhere.md"]
+    (tmp_path / "docs" / "urls.md").write_text(
+        f"[a]({UPSTREAM_URL}{upstream_page}) [b](https://github.com/THUDM/slime) "
+        "[c](https://github.com/THUDM/slime/blob/3f2a1c9/README.md) [d](https://github.com/THUDM/slime/examples)\n")
+    assert [o.split(": ")[1] for o in _odd_upstream_urls(tmp_path / "docs" / "urls.md", tmp_path)] == [
+        "https://github.com/THUDM/slime/blob/3f2a1c9/README.md", "https://github.com/THUDM/slime/examples"]
     assert [m.split(": ")[1] for m in _missing_paths(tmp_path / "docs" / "paths.md", tmp_path)] == [
         "slime/no_such_module.py"]
     dead = _dead_links(doc, tmp_path)
