@@ -106,8 +106,10 @@ def test_custom_rollout_function_may_do_without_prompt_data(files):
     preflight(args_of(files, "--rollout-function-path", "my_pkg.rollout.generate", data=False))
 
 
-def test_load_must_hold_a_checkpoint(files):
-    fails(args_of(files, "--load", str(files["root"] / "no-ckpt")), "--load", "no-ckpt")
+def test_load_of_a_folder_without_checkpoint_starts_fresh_but_a_missing_iteration_fails(files):
+    # upstream's --load $SAVE --save $SAVE from the first run (tests/test_resume_checks.py has its line)
+    assert preflight(args_of(files, "--load", str(files["root"] / "no-ckpt"))).load_folder is None
+    fails(args_of(files, "--load", str(files["root"] / "no-ckpt" / "iter_0000004")), "--load", "iter_0000004")
 
 
 def test_in_trainer_teacher_with_a_permuted_tokenizer_is_rejected(files):

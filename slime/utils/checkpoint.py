@@ -8,6 +8,8 @@ Layout of ``{save}/iter_{rollout_id:07d}/``:
 * ``tcod_teacher_episodes.json``  B2F with ``--tcod-prefix-source teacher``: the teacher's recorded
                            episodes (``slime.rollout.teacher_prefix.CACHE``), so a resumed run replays
                            the very episodes the interrupted one did instead of asking the teacher again
+* ``run_config.json``      the run's flags (``resume_checks.run_config``), so ``--load`` can refuse a run whose
+                           flags would change what the checkpoint's run means
 
 * ``checksums.json``      size and sha256 of every file above, written last (``checkpoint_files``)
 
@@ -18,7 +20,8 @@ Megatron/slime convention) names the newest complete one.
 ``--load ROOT`` verifies the checksums of the newest iteration and, if a file is corrupt, warns naming
 it and falls back to the newest intact older iteration (an error if none is intact). ``--load
 ROOT/iter_X`` asks for that iteration only: a corrupt file there is an error. Iterations written before
-checksums existed load with a warning.
+checksums existed load with a warning. A missing or empty ``--load`` folder holds nothing to resume
+(:func:`holds_checkpoint`): upstream's ``--load $SAVE --save $SAVE`` then starts from step 0.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ import torch
 from safetensors.torch import save_file
 
 from slime.rollout import teacher_prefix
+from slime.utils import resume_checks
 from slime.utils.checkpoint_files import CheckpointError, read_json, read_safetensors, verify_manifest, write_manifest
 
 LATEST = "latest_checkpointed_iteration.txt"
 TEACHER_EPISODES = "tcod_teacher_episodes.json"
+RUN_CONFIG = resume_checks.RUN_CONFIG
 _ITER = re.compile(r"iter_(\d{7})$")
 logger = logging.getLogger(__name__)
 
@@ -66,7 +71,9 @@ def _set_rng_state(json_part: dict, tensors: dict) -> None:
     torch.set_rng_state(tensors["torch_cpu"])
 
 
-def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controller, extra: dict | None = None) -> Path:
+def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controller, extra: dict | None = None,
+                    args=None) -> Path:
+    """``args``: the run's flags for ``run_config.json`` (default: the trainer group's ``args``)."""
     final = iteration_dir(root, rollout_id)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
@@ -86,6 +93,9 @@ def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controlle
     # The rollout side's state beyond the data position: only runs with teacher prefixes have any.
     if teacher_prefix.CACHE.entries:
         (tmp / TEACHER_EPISODES).write_text(json.dumps(teacher_prefix.CACHE.state_dict()))
+    args = args if args is not None else getattr(trainer, "args", None)
+    if args is not None:
+        (tmp / RUN_CONFIG).write_text(json.dumps(resume_checks.run_config(args), indent=1))
     write_manifest(tmp)  # last: a folder with a manifest is complete, and --load can verify every file
     if final.exists():
         shutil.rmtree(final)
@@ -104,6 +114,20 @@ def _candidates(root: Path) -> list[Path]:
         named = iteration_dir(root, int(latest.read_text().strip()))
         found = [named] + [p for p in found if p != named]
     return found
+
+
+def holds_checkpoint(load) -> bool:
+    """Whether ``--load`` names something to resume; False for a missing or empty folder (a first run).
+
+    A missing ``iter_*`` folder asked for by name, a file, or a root whose iterations are all broken
+    count as checkpoints, so :func:`find_checkpoint` reports them instead of the run starting over.
+    """
+    path = Path(load)
+    if not path.exists():
+        return bool(_ITER.match(path.name))
+    if not path.is_dir() or (path / "trainer_state.json").exists() or (path / LATEST).exists():
+        return True
+    return bool(_candidates(path))
 
 
 def _verified(folder: Path) -> Path:

@@ -18,6 +18,7 @@ from slime.utils.config_keys import config_key_warnings
 from slime.utils.data_overlap import overlap_warnings
 from slime.utils.output_paths import check_output_dirs
 from slime.utils.plugin_paths import check_plugin_paths, raised_at_import
+from slime.utils.resume_checks import check_resume
 from slime.utils.task_envs import check_task_envs
 from slime.utils.url_checks import check_rm_url
 
@@ -52,6 +53,7 @@ def check_launch(args) -> list[str]:
     check_task_envs(args, data_files(args))
     notes += overlap_warnings(args)
     _check_expert_prefix(args, train_data)
+    notes += check_resume(args)
     return notes + budget_warnings(args)
 
 

@@ -96,6 +96,13 @@ def add_megatron_arguments(parser):
                    help="adam (AdamW: decoupled --weight-decay); sgd is refused")
     g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine", "inverse-square-root", "WSD"),
                    default="constant", help="only constant is implemented")
+    # Megatron-LM's spelling (the hyphenated alias is for docs and shells that mind the underscore).
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", action="store_true",
+                   dest="override_opt_param_scheduler",
+                   help="--load: this run's --lr, --weight-decay and Adam settings replace the checkpoint's")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   action="store_true", dest="use_checkpoint_opt_param_scheduler",
+                   help="--load: keep the checkpoint's learning rate and optimizer settings, ignoring this run's")
     g.add_argument("--balance-data", action="store_true",
                    help="upstream: balance FLOPs across data-parallel ranks; refused (not implemented)")
     return parser
@@ -152,6 +159,9 @@ def _validate_model(args):
         fail(f"--optimizer {args.optimizer}: only adam (AdamW) is implemented")
     if args.lr_decay_style != "constant":
         fail(f"--lr-decay-style {args.lr_decay_style}: only constant is implemented (the learning rate stays --lr)")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        fail("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler contradict each other "
+             "(Megatron-LM refuses both too): keep one")
     if args.balance_data:
         fail("--balance-data is not implemented: each rank trains a contiguous slice of every step "
               "(slime/backends/fsdp_utils/data_plan.py); drop it")

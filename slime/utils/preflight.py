@@ -12,7 +12,8 @@ start-up, engine loads, or 55 s of retrying a model hub this project never downl
 * the teacher and the reference share the policy's tokenizer and model vocabulary (a teacher server
   is asked at ``--rm-url``);
 * prompt files (``--prompt-data``, ``--eval-prompt-data``) exist and parse, errors as ``file:line``;
-* ``--load`` holds an intact checkpoint (checksums verified; see ``slime.utils.checkpoint``).
+* ``--load`` holds an intact checkpoint (checksums verified; see ``slime.utils.checkpoint``), or
+  nothing yet (a missing or empty folder: the run starts from step 0).
 
 Every failure is an :class:`ArgumentError` naming the flag.
 """
@@ -143,12 +144,8 @@ def check_vocabularies(args, tokenizer, skip: set[str] = frozenset()) -> None:
 
 
 def resolve_load(args) -> Path | None:
-    if not args.load:
-        return None
-    from slime.utils.checkpoint import find_checkpoint
-    from slime.utils.checkpoint_files import CheckpointError
+    """The verified iteration to resume; None without --load or when its folder holds none yet (the
+    resume checks of ``check_launch`` found it already in a real run)."""
+    from slime.utils.resume_checks import checkpoint_to_resume
 
-    try:
-        return find_checkpoint(args.load)
-    except CheckpointError as err:
-        raise ArgumentError(str(err)) from None
+    return checkpoint_to_resume(args, verify=True)

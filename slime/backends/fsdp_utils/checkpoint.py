@@ -146,6 +146,16 @@ def _read_weights(folder: str, skip: tuple[str, ...] = ()) -> dict[str, torch.Te
     return state
 
 
+def override_optimizer_settings(optimizer, args, lr: float) -> None:
+    """``--override-opt_param-scheduler``: this run's settings replace those the restored state carried
+    (``torch`` restores each param group's lr, betas, eps and weight decay with the state)."""
+    if not getattr(args, "override_opt_param_scheduler", False):
+        return
+    for group in optimizer.param_groups:
+        group.update(lr=lr, weight_decay=args.weight_decay, betas=(args.adam_beta1, args.adam_beta2),
+                     eps=args.adam_eps)
+
+
 def load(actor, path: str) -> None:
     """Restore weights, optimizer state, step count and RNG written by :func:`save` (a collective).
 
@@ -163,6 +173,7 @@ def load(actor, path: str) -> None:
     model_io.load_full_model_state(actor.model, _read_weights(os.path.join(path, "hf")))
     model_io.load_full_optimizer_state(actor.model, actor.optimizer,
                                        load_optimizer_state(os.path.join(path, "optimizer")))
+    override_optimizer_settings(actor.optimizer, actor.args, actor.args.lr)
     if actor.critic is not None:
         from slime.backends.fsdp_utils.critic import VALUE_HEAD_FILE
 
@@ -172,6 +183,7 @@ def load(actor, path: str) -> None:
         model_io.load_full_model_state(actor.critic, state)
         model_io.load_full_optimizer_state(actor.critic, actor.critic_optimizer,
                                            load_optimizer_state(os.path.join(path, "critic_optimizer")))
+        override_optimizer_settings(actor.critic_optimizer, actor.args, actor.args.critic_lr or actor.args.lr)
     actor.optimizer_steps = int(meta["optimizer_steps"])
     load_rng(path)
     _barrier()

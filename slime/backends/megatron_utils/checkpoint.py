@@ -105,6 +105,7 @@ def load(actor, path: str) -> None:
         actor.optimizer.state[param] = local
     for group, saved in zip(actor.optimizer.param_groups, optim["param_groups"]):
         group.update({k: v for k, v in saved.items() if k != "params"})
+    fsdp_checkpoint.override_optimizer_settings(actor.optimizer, actor.args, actor.args.lr)
     actor.optimizer_steps = int(meta["optimizer_steps"])
     fsdp_checkpoint.load_rng(path)
     fsdp_checkpoint._barrier()
