@@ -20,6 +20,7 @@
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "${SCRIPT_DIR}/.." && pwd)"
+CALLER_DIR="${PWD}"  # relative paths given to the script are the caller's; it runs train.py from REPO_DIR
 # shellcheck source=scripts/find-python.sh
 . "${SCRIPT_DIR}/find-python.sh"
 find_python run-qwen3-8B-tcod-runtime.sh torch transformers ray
@@ -36,9 +37,8 @@ TEACHER_PORT="${TEACHER_PORT:-13141}"
 DATA_DIR="${DATA_DIR:-${REPO_DIR}/data}"
 DATA="${DATA:-${DATA_DIR}/${TASK_ENV}_train.jsonl}"
 EVAL_DATA="${EVAL_DATA:-${DATA_DIR}/${TASK_ENV}_eval.jsonl}"
-# Relative paths are the caller's; train.py runs from the repository root.
-case "${DATA}" in /*) ;; *) DATA="${PWD}/${DATA}" ;; esac
-case "${EVAL_DATA}" in /*) ;; *) EVAL_DATA="${PWD}/${EVAL_DATA}" ;; esac
+case "${DATA}" in /*) ;; *) DATA="${CALLER_DIR}/${DATA}" ;; esac
+case "${EVAL_DATA}" in /*) ;; *) EVAL_DATA="${CALLER_DIR}/${EVAL_DATA}" ;; esac
 SAVE="${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}"
 
 # Per-environment horizon (k_max = max_env_steps), curriculum speed eta and step budget (official).
@@ -129,10 +129,13 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
 fi
 # Checked here rather than by train.py, to say how to make the file. ScienceWorld numbers the variations of
 # a task by seed: 0..149 are its train split and 150..224 its dev split, so the two files stay disjoint.
+# make_data is a module of this checkout, so the command it prints runs from the repository root.
 need_data() {  # need_data VARIABLE PATH TASKS FIRST_SEED
   [ -f "$2" ] && return 0
+  local cd_repo=""
+  [ "${CALLER_DIR}" = "${REPO_DIR}" ] || cd_repo="cd ${REPO_DIR} && "
   case "${TASK_ENV}" in
-    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4} --out ${2}" >&2 ;;
+    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${cd_repo}${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4} --out ${2}" >&2 ;;
     *) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; ${TASK_ENV} tasks are rows written from its downloaded data (examples/agent_envs/README.md, ALFWorld and WebShop)" >&2 ;;
   esac
   exit 2

@@ -188,8 +188,9 @@ def test_a_missing_task_file_is_named_with_the_command_that_makes_it(tmp_path):
     assert line.startswith(f"run-qwen3-8B-tcod-runtime.sh: EVAL_DATA={empty / 'scienceworld_eval.jsonl'} does not")
     assert "--n 75 --seed 150 --out" in line
     # A relative DATA is the caller's path, though the script runs train.py from the repository root.
+    # From elsewhere, the command it prints goes to the repository first (make_data is a module of it).
     line = _one_line(_gpu_script({"DATA": "train.jsonl", "PYTHON": sys.executable}, cwd=tmp_path))
-    assert f"DATA={tmp_path / 'train.jsonl'} does not exist" in line
+    assert f"DATA={tmp_path / 'train.jsonl'} does not exist; make it with: cd {ROOT} && {sys.executable} -m" in line
     # ALFWorld and WebShop tasks cannot be generated from seeds: the line says where they come from.
     line = _one_line(_gpu_script({"DATA_DIR": str(empty), "TASK_ENV": "alfworld", "PYTHON": sys.executable}))
     assert "alfworld tasks are rows written from its downloaded data" in line and "make_data" not in line
@@ -223,7 +224,7 @@ def test_the_gpu_script_finds_its_python(tmp_path, venv, override, picked):
     env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     if override:
         env["PYTHON"] = override.format(bin=tmp_path / "bin")
-    out = subprocess.run(["bash", str(repo / "scripts" / GPU_SCRIPT.split("/")[1])], capture_output=True,
+    out = subprocess.run(["bash", str(repo / "scripts" / GPU_SCRIPT.split("/")[1])], cwd=repo, capture_output=True,
                          text=True, timeout=60, env=_clean_env(DRY_RUN="1", **env))
     line = _one_line(out)
     assert f"make it with: {picked.format(repo=repo, bin=tmp_path / 'bin')} -m examples.agent_envs.make_data" in line
