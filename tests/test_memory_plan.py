@@ -68,7 +68,7 @@ MEMORY_FLAGS = ["--recompute-granularity", "full", "--use-dynamic-batch-size", "
 def _tasks(tmp_path) -> Path:
     """--dry-run checks the data files: one task row with expert actions (the script's default is B2F)."""
     data = tmp_path / "tasks.jsonl"
-    data.write_text(json.dumps({"input": "go", "label": "{}", "metadata": {}, "expert_actions": ["up"]}) + "\n")
+    data.write_text(json.dumps({"input": "go", "label": "{}", "metadata": {"env": "gridnav", "seed": 0}, "expert_actions": ["up"]}) + "\n")
     return data
 
 
