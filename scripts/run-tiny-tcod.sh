@@ -57,10 +57,10 @@ phase "1/5 tiny tokenizer + model init, gridnav tasks"
   --seed "${SEED}" > /dev/null
 # Paths of 4..8 moves under a 10-turn limit: every episode has room to recover from a wrong move.
 GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
-# Disjoint seed ranges: eval tasks are never trained on.
+# Held-out puzzles: --exclude leaves out every training puzzle (two seeds can deal the same grid).
 "${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
 "${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 \
-  --out "${OUT_DIR}/eval.jsonl"
+  --exclude "${OUT_DIR}/train.jsonl" --out "${OUT_DIR}/eval.jsonl"
 
 COMMON=(
   --train-backend "${TRAIN_BACKEND}"
