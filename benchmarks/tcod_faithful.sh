@@ -84,7 +84,12 @@ phase "3. lr: vanilla OPD on seed 0 at ${LRS}"
 if [ -z "${LR:-}" ]; then
   if [ ! -s "${OUT_ROOT}/lr.txt" ]; then
     for lr in ${LRS}; do opd_runs "lr${lr}" "${STEPS}" "${lr}" 0 opd; done
-    "${PYTHON}" benchmarks/tcod_faithful_report.py pick-lr --root "${OUT_ROOT}" --lrs ${LRS} > "${OUT_ROOT}/lr.txt"
+    if ! "${PYTHON}" benchmarks/tcod_faithful_report.py pick-lr --root "${OUT_ROOT}" --lrs ${LRS} \
+        --student-success "${STUDENT_SUCCESS}" > "${OUT_ROOT}/lr.txt"; then
+      rm -f "${OUT_ROOT}/lr.txt"
+      phase "vanilla OPD learned at no lr of ${LRS}: no method is compared on ${SETTING}"
+      exit 0
+    fi
   fi
   LR="$(cat "${OUT_ROOT}/lr.txt")"
 fi

@@ -70,7 +70,8 @@ def cmd_row(args) -> int:
 
 
 def cmd_pick_lr(args) -> int:
-    """Print the lr at which vanilla OPD (seed 0) ended best among those whose trajectory KL fell."""
+    """Print the lr at which vanilla OPD (seed 0) ended best among those at which it learned: its trajectory
+    KL fell and its eval success rose above the student's."""
     from tcod_vs_opd_report import run_numbers
 
     learned = {}
@@ -79,11 +80,12 @@ def cmd_pick_lr(args) -> int:
         s = run_numbers(records, None)
         print(f"lr {lr}: eval {s['eval_success_end']:.3f}, trajectory KL {s['traj_kl_start']:.2f} -> "
               f"{s['traj_kl_end']:.2f}", file=sys.stderr)
-        if s["traj_kl_end"] < s["traj_kl_start"]:
+        if s["traj_kl_end"] < s["traj_kl_start"] and s["eval_success_end"] > args.student_success:
             learned[lr] = s["eval_success_end"]
     if not learned:
-        print("tcod_faithful_report: vanilla OPD's trajectory KL fell at no lr: a baseline that does not learn "
-              "measures nothing", file=sys.stderr)
+        print(f"tcod_faithful_report: at no lr did vanilla OPD both lower its trajectory KL and rise above the "
+              f"student's eval success ({args.student_success:.3f}): a baseline that does not learn measures "
+              "nothing", file=sys.stderr)
         return 1
     print(max(learned, key=lambda lr: (learned[lr], -float(lr))))
     return 0
@@ -215,6 +217,7 @@ def main(argv=None) -> int:
     q = sub.add_parser("pick-lr")
     q.add_argument("--root", required=True)
     q.add_argument("--lrs", nargs="+", required=True)
+    q.add_argument("--student-success", type=float, required=True, help="the student's eval success before OPD")
     t = sub.add_parser("report")
     t.add_argument("--results-dir", default=str(REPO / "benchmarks/results/tcod_faithful"))
     t.add_argument("--png-dir", default=str(REPO / "docs/en/assets"))

@@ -29,14 +29,17 @@ def test_pick_lr_takes_the_best_baseline_that_learned(tmp_path, capsys):
     fake_run(tmp_path / "lr3e-4" / "seed0" / "opd", 0.30, 10.0, 8.0, 100, flat)
     fake_run(tmp_path / "lr1e-3" / "seed0" / "opd", 0.40, 10.0, 6.0, 100, flat)
     fake_run(tmp_path / "lr3e-3" / "seed0" / "opd", 0.50, 10.0, 12.0, 100, flat)  # best eval, but KL rose
-    assert report.main(["pick-lr", "--root", str(tmp_path), "--lrs", "3e-4", "1e-3", "3e-3"]) == 0
+    pick = ["pick-lr", "--root", str(tmp_path), "--lrs", "3e-4", "1e-3", "3e-3", "--student-success"]
+    assert report.main(pick + ["0.2"]) == 0
     assert capsys.readouterr().out.strip() == "1e-3"
+    assert report.main(pick + ["0.45"]) == 1  # 1e-3's KL fell, but its eval did not rise above the student's
+    capsys.readouterr()
     (tmp_path / "lr1e-3").rename(tmp_path / "gone")
     (tmp_path / "lr3e-4").rename(tmp_path / "gone2")
     fake_run(tmp_path / "lr3e-4" / "seed0" / "opd", 0.3, 10.0, 11.0, 100, flat)
     fake_run(tmp_path / "lr1e-3" / "seed0" / "opd", 0.3, 10.0, 11.0, 100, flat)
-    assert report.main(["pick-lr", "--root", str(tmp_path), "--lrs", "3e-4", "1e-3", "3e-3"]) == 1
-    assert "fell at no lr" in capsys.readouterr().err
+    assert report.main(pick + ["0.2"]) == 1
+    assert "a baseline that does not learn measures nothing" in capsys.readouterr().err
 
 
 def test_rows_and_report(tmp_path):
