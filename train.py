@@ -96,17 +96,46 @@ def main(argv=None) -> int:
     if inputs.load_folder is not None:
         # Engines start on the restored policy, so rollouts of the next step use the checkpoint's weights.
         args.rollout_model_path = str(inputs.load_folder / "model" / "hf")
-    _init_ray(args)
-    try:
-        with weight_sync_dir(args) as sync_dir:
-            _run(args, inputs, sync_dir)
-    except Exception as err:  # noqa: BLE001 - known failures get a paragraph; the rest keep their traceback
-        message = describe_failure(args, err)
-        if message is None:
+    from slime.ray.local_ray import LocalRay
+    from slime.utils.run_summary import RunProgress, first_sigint_stops
+
+    # The command line owns the local Ray it starts and stops it; in-process callers (tests) share one.
+    owns_ray = __name__ == "__main__" and not (args.ray_address or os.environ.get("RAY_ADDRESS"))
+    local_ray = LocalRay() if owns_ray else None
+    progress = RunProgress(args.num_rollout, checkpoint=inputs.load_folder)
+    status, code = "failed", 1
+    with first_sigint_stops() as sigint:
+        try:
+            with sigint.deferred():
+                _init_ray(args)
+            if local_ray is not None:
+                local_ray.record()
+            with weight_sync_dir(args) as sync_dir:
+                _run(args, inputs, sync_dir, progress, local_ray)
+            status, code = "done", 0
+        except KeyboardInterrupt:
+            if not progress.told_interrupt:  # Ctrl-C while Ray was starting
+                progress.tell_interrupt()
+            status, code = "interrupted", 130
+        except SystemExit:  # a SIGTERM: Ray's handler in the driver exits through it
+            status = "stopped"
             raise
-        print(f"train.py: error: {message}", file=sys.stderr)
-        return 1
-    return 0
+        except Exception as err:  # noqa: BLE001 - known failures get a paragraph; the rest keep their traceback
+            message = describe_failure(args, err)
+            if message is None and __name__ != "__main__":
+                raise  # in-process callers (tests) get the exception itself
+            if message is None:
+                import traceback
+
+                traceback.print_exc()  # here, not at exit: the summary line comes after it
+            else:
+                print(f"train.py: error: {message}", file=sys.stderr)
+        finally:
+            sigint.ignore()  # the stop below runs to its end, then the summary line
+            if local_ray is not None:
+                local_ray.stop()
+            print(f"train.py: {progress.summary(status)}", file=sys.stderr, flush=True)
+    return code
 
 
 def custom_rollout_log(args, rollout_id: int, groups, rollout_time: float) -> dict:
@@ -121,7 +150,10 @@ def custom_rollout_log(args, rollout_id: int, groups, rollout_time: float) -> di
     return extra
 
 
-def _run(args, inputs, sync_dir: Path) -> None:
+def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
+    """The run itself; ``progress`` (a ``RunProgress``) follows its steps and checkpoints for the summary line.
+
+    Ctrl-C anywhere in it prints one line, then the engines and trainers are stopped as after any error."""
     from tqdm import tqdm
 
     from slime.ray.actor_group import TrainerGroup
@@ -130,21 +162,26 @@ def _run(args, inputs, sync_dir: Path) -> None:
     from slime.utils.checkpoint import load_checkpoint, save_checkpoint
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
+    from slime.utils.run_summary import RunProgress
     from slime.utils.step_metrics import rollout_metrics
 
+    progress = progress or RunProgress(args.num_rollout)
     kl_ctrl = build_kl_controller(args)
-    trainer = None
+    rollout_manager = trainer = bar = None
     start = 0
-    # Engine processes load while the trainer group starts; we wait for them after.
-    rollout_manager = RolloutManager(args, inputs.tokenizer)
     try:
+        # Engine processes load while the trainer group starts; we wait for them after.
+        rollout_manager = RolloutManager(args, inputs.tokenizer)
         trainer = TrainerGroup(args)
         if inputs.load_folder is not None:
             state = load_checkpoint(inputs.load_folder, trainer=trainer, data_source=rollout_manager.data_source,
                                     kl_controller=kl_ctrl, verify=False)  # verified by preflight
             start = state["rollout_id"] + 1
         rollout_manager.wait_engines()
+        if local_ray is not None:
+            local_ray.record()  # the trainer actors' worker processes, now that they run
         logger = MetricsLogger(args, resume_step=start if args.load else None)
+        progress.metrics = logger.path
         last = args.num_rollout - 1
 
         if args.eval_interval and start == 0 and rollout_manager.eval_sets and not args.skip_eval_before_train:
@@ -155,6 +192,7 @@ def _run(args, inputs, sync_dir: Path) -> None:
         # ("time/save") and counted in that row's "time/step", which runs from one row to the next.
         t_step, t_save = time.perf_counter(), 0.0
         for rollout_id in bar:
+            progress.started(rollout_id)
             t0 = time.perf_counter()
             samples, groups, select_stats = rollout_manager.generate(rollout_id)
             debug_rollout_data.save(args.save_debug_rollout_data, samples, rollout_id)
@@ -186,17 +224,26 @@ def _run(args, inputs, sync_dir: Path) -> None:
             timings.update(rollout_manager.last_timings())
             metrics.update(timings)
             logger.log(rollout_id, metrics)  # fsynced: durable before the checkpoint that marks the step done
+            progress.logged(rollout_id)
             bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                              ("rollout/reward", "opd/reverse_kl", "loss", "time/step") if k in metrics})
 
             t_step = time.perf_counter()
             if args.save and _due(rollout_id, args.save_interval, last):
-                save_checkpoint(args.save, rollout_id, trainer=trainer, data_source=rollout_manager.data_source,
-                                kl_controller=kl_ctrl)
+                progress.saved(save_checkpoint(args.save, rollout_id, trainer=trainer,
+                                               data_source=rollout_manager.data_source, kl_controller=kl_ctrl))
             t_save = time.perf_counter() - t_step
         logger.close()
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()  # the bar's last line, before ours
+        progress.tell_interrupt()
+        raise
     finally:
-        rollout_manager.shutdown()
+        if bar is not None:
+            bar.close()  # now, not at garbage collection after the summary line
+        if rollout_manager is not None:
+            rollout_manager.shutdown()
         if trainer is not None:
             trainer.shutdown()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -113,6 +114,20 @@ def _small_config(path: str, work: Path) -> str:
     return str(out)
 
 
+def _wait_stopping_on_ctrl_c(proc: subprocess.Popen, grace: float = 120.0) -> int:
+    """train.py's exit code. On Ctrl-C it is given ``grace`` s to stop its engines, trainers and Ray itself:
+    ``subprocess.run`` would SIGKILL it at once and leave its Ray processes behind."""
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # a terminal's Ctrl-C reached it already; train.py ignores a second
+        try:
+            return proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
 def rehearse(argv: list[str], task_env: str, work: Path, python: str = sys.executable,
              extra_replace: dict[str, list[str]] | None = None, drop: set[str] = frozenset()) -> int:
     """Run ``argv`` (a launch's train.py flags) with the swaps above; ``extra_replace`` / ``drop``: more."""
@@ -166,7 +181,7 @@ def rehearse(argv: list[str], task_env: str, work: Path, python: str = sys.execu
         _run([python, "-m", "slime.backends.sglang_utils.wait_healthy", "--port", str(port), "--pid", str(teacher.pid)])
         print(f"rehearsal: teacher = hf_engine on 127.0.0.1:{port} (log {log})", flush=True)
     try:
-        rc = subprocess.run([python, "train.py", *new_argv], cwd=ROOT).returncode
+        rc = _wait_stopping_on_ctrl_c(subprocess.Popen([python, "train.py", *new_argv], cwd=ROOT))
     finally:
         if teacher is not None:
             teacher.terminate()

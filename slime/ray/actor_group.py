@@ -13,11 +13,15 @@ Advantages are computed over the gathered full batch inside the trainer, so grou
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+logger = logging.getLogger(__name__)
 
 
 def _package_root() -> str:
@@ -88,7 +92,15 @@ class TrainerGroup:
         self.world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
         use_gpu = torch.cuda.is_available() and bool(ray.cluster_resources().get("GPU", 0))
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        self._workers = []
         self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        try:
+            self._start(args, use_gpu)
+        except BaseException:  # Ctrl-C or a failed setup: no actor or reserved bundle outlives the attempt
+            self.shutdown()
+            raise
+
+    def _start(self, args, use_gpu: bool) -> None:
         ray.get(self._pg.ready())
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
             p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}}
@@ -123,13 +135,21 @@ class TrainerGroup:
     def export_hf(self, path: str) -> None:
         self._all("export_hf", str(path))
 
-    def shutdown(self) -> None:
-        if not self._workers:
-            return
-        try:
-            self._all("close")
-        finally:
-            for worker in self._workers:
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Leave torch.distributed, then kill the actors and free their bundles, whatever state they are in.
+
+        Never raises: after Ctrl-C (which reaches the actors too from a terminal) or a failed step, the actors
+        may be dead or stuck; the error that stopped the run is the one to report."""
+        workers, self._workers = self._workers, []
+        pg, self._pg = self._pg, None
+        if workers:
+            try:
+                ray.get([w.close.remote() for w in workers], timeout=timeout)
+            except Exception as err:  # noqa: BLE001 - dead or hung actors are killed below
+                logger.debug("trainer close before kill failed: %r", err)
+        for worker in workers:
+            with contextlib.suppress(Exception):
                 ray.kill(worker)
-            remove_placement_group(self._pg)
-            self._workers = []
+        if pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)

@@ -105,7 +105,11 @@ class RolloutManager:
         if uses_external_router(args):
             args.sglang_router_external = True
         elif self.needs_engines:
-            self._start_engines()
+            try:
+                self._start_engines()
+            except BaseException:  # Ctrl-C or a failed launch: the engines started so far are stopped
+                self.shutdown()
+                raise
 
     # ------------------------------------------------------------------ engines
     def _start_engines(self):
@@ -218,21 +222,30 @@ class RolloutManager:
         logger.debug("weights from %s pushed to %d engine(s)", hf_path, len(urls))
 
     def shutdown(self):
-        router, self._router = getattr(self, "_router", None), None
-        if router is not None:
-            router.stop()
-        for engine in self.engines:
-            engine.stop()
-        self.engines = []
-        if self._engine_group is not None:
-            from ray.util.placement_group import remove_placement_group
+        """Stop the router, the engines, their GPU reservation and the HTTP session, each whatever the others do.
 
-            remove_placement_group(self._engine_group)
-            self._engine_group = None
+        Never raises (a failure is logged): it runs after the error or Ctrl-C that stopped the run, which is
+        the one to report, and every later piece must still be stopped."""
         from slime.rollout.sglang_rollout import run_async
         from slime.utils.http_utils import close_session
 
-        run_async(close_session())
+        router, self._router = getattr(self, "_router", None), None
+        engines, self.engines = self.engines, []
+        group, self._engine_group = self._engine_group, None
+        steps = [("router", router.stop if router is not None else None)]
+        steps += [(f"engine {engine.url}", engine.stop) for engine in engines]
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            steps.append(("engine placement group", lambda: remove_placement_group(group)))
+        steps.append(("HTTP session", lambda: run_async(close_session())))
+        for name, stop in steps:
+            if stop is None:
+                continue
+            try:
+                stop()
+            except Exception as err:  # noqa: BLE001 - see the docstring
+                logger.warning("stopping the %s failed: %r", name, err)
 
     # ------------------------------------------------------------------ rollouts
     def generate(self, rollout_id: int):

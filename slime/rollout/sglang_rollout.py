@@ -206,9 +206,13 @@ def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = Fals
 
 
 def run_async(coro):
-    """Run a coroutine from sync code, on a persistent loop so the shared HTTP session survives."""
-    loop = _get_loop()
-    return loop.run_until_complete(coro)
+    """Run a coroutine from sync code, on a persistent loop so the shared HTTP session survives.
+
+    If it raises (Ctrl-C included), the loop's other tasks are cancelled and awaited first, so every episode's
+    ``env.close()`` runs (``slime.utils.loop_runner``)."""
+    from slime.utils.loop_runner import run_until_complete
+
+    return run_until_complete(_get_loop(), coro)
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None

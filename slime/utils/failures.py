@@ -2,7 +2,8 @@
 
 A teacher or engine that cannot be reached (``HTTPRequestError`` after its retries) is named by the flag
 that points at it; a NaN or infinity that reached the trainer (``NonFiniteError``) already says where it
-came from. Both may arrive wrapped by Ray (``RayTaskError.cause``) or chained by ``raise ... from``.
+came from. Both may arrive wrapped by Ray (``RayTaskError.cause``) or chained by ``raise ... from``. A
+rollout where most episodes failed (``TooManyFailures``) quotes up to three of their errors.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def who_is(args, url: str) -> str:
 
 def describe_failure(args, err: BaseException) -> str | None:
     """The paragraph for ``err``, or None when it is not one of the failures described here."""
+    from slime.ray.rollout import TooManyFailures
+
+    if isinstance(err, TooManyFailures):  # raised in this process, never wrapped by Ray
+        return str(err)
     root = _root_cause(err)
     if isinstance(root, HTTPRequestError):
         hint = ("Check that it is running and that the URL is right"
