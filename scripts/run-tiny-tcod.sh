@@ -59,8 +59,8 @@ phase "1/5 tiny tokenizer + model init, gridnav tasks"
 GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
 # Held-out puzzles: --exclude leaves out every training puzzle (two seeds can deal the same grid).
 "${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
-"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 \
-  --exclude "${OUT_DIR}/train.jsonl" --out "${OUT_DIR}/eval.jsonl"
+"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 --exclude "${OUT_DIR}/train.jsonl" \
+  --out "${OUT_DIR}/eval.jsonl"
 
 COMMON=(
   --train-backend "${TRAIN_BACKEND}"
