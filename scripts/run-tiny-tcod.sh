@@ -57,7 +57,7 @@ phase "1/5 tiny tokenizer + model init, gridnav tasks"
   --seed "${SEED}" > /dev/null
 # Paths of 4..8 moves under a 10-turn limit: every episode has room to recover from a wrong move.
 GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
-# Held-out puzzles: --exclude leaves out every training puzzle (two seeds can deal the same grid).
+# Held-out puzzles: the eval file leaves out every training puzzle (two seeds can deal the same grid).
 "${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
 "${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 --exclude "${OUT_DIR}/train.jsonl" \
   --out "${OUT_DIR}/eval.jsonl"
