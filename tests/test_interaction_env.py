@@ -195,8 +195,8 @@ def test_a_malformed_step_fails_its_episode_and_the_run_goes_on(loop, tmp_path, 
 @pytest.mark.parametrize(
     "first,formatted,match",
     [
-        ("{'obs': 'start'}", "observation['obs']", r"must return a message with text content, got 'start'"),
-        ("{'obs': 'start'}", "{'role': 'user', 'content': ['start']}", r"message with text content, got \{'role'"),
+        ("{'obs': 'start'}", "observation['obs']", r"must return a text message, got 'start'"),
+        ("{'obs': 'start'}", "{'role': 'user', 'content': ['start']}", r"must return a text message, got \{'role'"),
         ("'start'", "{'role': 'user', 'content': observation['missing']}", r"format_observation\(\): KeyError"),
     ],
 )

@@ -85,6 +85,7 @@ def test_turns_per_step_gives_f2b_at_depth_one_as_many_turns_as_vanilla_opd(setu
         assert record["train/samples"] == record["rollout/kept"] == record["rollout/episodes"]
     assert f2b["tcod/depth"] == 1 and f2b["rollout/episodes"] == 8  # one turn each at depth 1
     assert opd["rollout/episodes"] < 8  # whole episodes: fewer of them for the same turns
+    assert f2b["rollout/waves"] == 1 <= opd["rollout/waves"] <= opd["rollout/episodes"]  # cap 1: one wave of 8
 
 
 def test_f2b_in_trainer_teacher(setup):

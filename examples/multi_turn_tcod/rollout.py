@@ -135,9 +135,7 @@ class Episode:
         except Exception as err:
             raise EnvironmentFault(f"format_observation(): {type(err).__name__}: {err}") from err
         if not (isinstance(message, dict) and isinstance(message.get("content"), str)):
-            raise EnvironmentFault(
-                f"format_observation() must return a message with text content, got {message!r:.200}"
-            )
+            raise EnvironmentFault(f"format_observation() must return a text message, got {message!r:.200}")
         return message
 
     def append_observation(self, observation) -> bool:

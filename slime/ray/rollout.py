@@ -250,8 +250,13 @@ class RolloutManager:
     # ------------------------------------------------------------------ rollouts
     def generate(self, rollout_id: int):
         set_current_rollout_id(rollout_id)  # read by the agent loop's curriculum, as upstream keeps it
+        from slime.rollout import sglang_rollout
+
+        sglang_rollout.LAST_COUNTS.clear()
         groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
         samples, stats = select_trainable(self.args, groups)
+        # --turns-per-step: how many waves of episodes the step drew (its episodes and turns: rollout_metrics).
+        stats.update({k: v for k, v in sglang_rollout.LAST_COUNTS.items() if k == "rollout/waves"})
         return samples, groups, stats
 
     def last_timings(self) -> dict:
