@@ -70,7 +70,22 @@ def weight_sync_dir(args):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _one_line_warnings() -> None:
+    """This runtime's own warnings print as one line, as its errors do; other packages' keep their format."""
+    import warnings
+
+    default, root = warnings.formatwarning, str(Path(__file__).resolve().parent / "slime")
+
+    def one_line(message, category, filename, lineno, line=None):
+        if str(filename).startswith(root):
+            return f"train.py: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+
+
 def main(argv=None) -> int:
+    _one_line_warnings()
     args = parse_args(argv=argv)
     from slime.utils.launch_checks import check_launch
 

@@ -294,3 +294,14 @@ def test_the_same_puzzle_under_another_seed_counts_as_shared(tmp_path):
                      label_key="label", metadata_key="metadata")
     assert overlap_warnings(args) == ["warning: --eval-prompt-data hanoi shares 1 of 2 tasks with --prompt-data: "
                                       "its scores are not on held-out tasks"]
+
+
+def test_the_runtimes_own_warnings_print_as_one_line(data):
+    argv = [*BASE, "--dry-run", "--prompt-data", data["train"], "--use-opd", "--opd-type", "sglang",
+            "--rm-url", "http://127.0.0.1:13141/generate", "--rollout-temperature", "0.5"]
+    code, err = _parse_error_cli(*argv)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "--rollout-temperature 0.5" in line]
+    assert lines == ["train.py: warning: --rollout-temperature 0.5 with --opd-type sglang: the teacher server "
+                     "scores at temperature 1, so the OPD term compares distributions at different temperatures"]
+    assert "UserWarning" not in err and "warnings.warn(" not in err
