@@ -16,8 +16,9 @@
 # recomputed by the trainer; ETA so that k reaches K_MAX at RAMP (0.72) of STEPS; evaluation on held-out
 # puzzles at temperature 1.0 and, from the final checkpoint, 0.4 (the official eval temperature).
 # Environment: SETTING, SEEDS ("0 1 2 3 4"), STEPS (42), TURNS (64), K_MAX (16), RAMP (0.72), LRS
-# ("3e-4 1e-3 3e-3"), LR (skip phase 3), GATE_SEEDS ("0 1 2"), GATE_STEPS (3), PYTHON, OUT_ROOT
-# (outputs/tcod-faithful/SETTING), NO_REPORT=1. Touch OUT_ROOT/STOP to stop after the seed in progress.
+# ("3e-4 1e-3 3e-3"), LR (skip phase 3), GATE_SEEDS ("0 1 2"), GATE_STEPS (3), PYTHON, LABEL (SETTING), OUT_ROOT
+# (outputs/tcod-faithful/LABEL), TEACHER_STEPS / STUDENT_STEPS (SFT, 90 / 30), NO_REPORT_FAITHFUL=1.
+# Touch OUT_ROOT/STOP to stop after the seed in progress.
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
@@ -31,8 +32,10 @@ RAMP="${RAMP:-0.72}"
 LRS="${LRS:-3e-4 1e-3 3e-3}"
 GATE_SEEDS="${GATE_SEEDS:-0 1 2}"
 GATE_STEPS="${GATE_STEPS:-3}"
-OUT_ROOT="${OUT_ROOT:-outputs/tcod-faithful/${SETTING}}"
-RESULTS="benchmarks/results/tcod_faithful/${SETTING}.jsonl"
+# LABEL names the results (default SETTING): one setting can be gated again with another teacher.
+LABEL="${LABEL:-${SETTING}}"
+OUT_ROOT="${OUT_ROOT:-outputs/tcod-faithful/${LABEL}}"
+RESULTS="benchmarks/results/tcod_faithful/${LABEL}.jsonl"
 # k(n) = 1 + n // eta reaches K_MAX at n = (K_MAX - 1) * eta: the largest eta that gets there by RAMP x STEPS.
 ETA="$("${PYTHON}" -c "import sys; print(max(1, int(float(sys.argv[1]) * int(sys.argv[2]) // (int(sys.argv[3]) - 1))))" \
   "${RAMP}" "${STEPS}" "${K_MAX}")"
@@ -75,7 +78,7 @@ opd_runs gate "${GATE_STEPS}" "${GATE_LR}" "${GATE_SEEDS}" opd
 gate_runs=(); for seed in ${GATE_SEEDS}; do gate_runs+=("${OUT_ROOT}/gate/seed${seed}/opd"); done
 if ! "${PYTHON}" benchmarks/tcod_premise.py --runs "${gate_runs[@]}" --first-steps "${GATE_STEPS}" \
     --teacher-success "${TEACHER_SUCCESS}" --student-success "${STUDENT_SUCCESS}" \
-    --out "benchmarks/results/tcod_faithful/${SETTING}_gate.json"; then
+    --out "benchmarks/results/tcod_faithful/${LABEL}_gate.json"; then
   phase "the premise gate failed: no method is compared on ${SETTING}"
   exit 0
 fi
@@ -101,7 +104,7 @@ for seed in ${SEEDS}; do
   opd_runs grid "${STEPS}" "${LR}" "${seed}" "opd f2b b2f"
   for method in opd f2b b2f; do
     "${PYTHON}" benchmarks/tcod_faithful_report.py row --results "${RESULTS}" \
-      --run-dir "${OUT_ROOT}/grid/seed${seed}/${method}" --setting "${SETTING}" --method "${method}" --seed "${seed}" \
+      --run-dir "${OUT_ROOT}/grid/seed${seed}/${method}" --setting "${LABEL}" --method "${method}" --seed "${seed}" \
       --lr "${LR}" --steps "${STEPS}" --turns "${TURNS}" --eta "${ETA}" --k-max "${K_MAX}" \
       --teacher-success "${TEACHER_SUCCESS}" --student-success "${STUDENT_SUCCESS}"
   done
