@@ -122,6 +122,12 @@ def setting_report(setting: str, rows: list[dict], gate: dict | None) -> str:
         lines += [f"Premise gate: {gate['verdict']}", ""]
         if not gate["passed"]:
             return "\n".join(lines + ["The gate failed: no method is compared on this setting.", ""])
+    if not rows:
+        lr_note = Path(REPO / "benchmarks/results/tcod_faithful" / f"{setting}_lr.txt")
+        return "\n".join(lines + ["No grid rows: the learning-rate phase found no rate at which vanilla OPD learned:"
+                                   if lr_note.exists() else "No grid rows yet.", ""]
+                          + ([f"    {line}" for line in lr_note.read_text().splitlines()] if lr_note.exists() else [])
+                          + [""])
     by_method = {m: {r["seed"]: r for r in rows if r["method"] == m} for m, _ in METHODS}
     lines += ["| method | seeds | eval T 1.0, end | eval T 0.4, end | trajectory KL first 3 -> last 3 | "
               "trained tokens | student turns / step | wall s / run |", "| --- " * 8 + "|"]
