@@ -305,3 +305,13 @@ def test_the_runtimes_own_warnings_print_as_one_line(data):
     assert lines == ["train.py: warning: --rollout-temperature 0.5 with --opd-type sglang: the teacher server "
                      "scores at temperature 1, so the OPD term compares distributions at different temperatures"]
     assert "UserWarning" not in err and "warnings.warn(" not in err
+
+
+def test_an_rm_url_nothing_reads_is_warned(monkeypatch, capsys, data):
+    url = "http://127.0.0.1:13141/generate"
+    code, out, err = run_main(monkeypatch, capsys, [*BASE, "--prompt-data", data["train"], "--rm-url", url])
+    assert code == 0
+    assert f"warning: --rm-url {url} is set but nothing reads it: without --use-opd" in out + err
+    code, out, err = run_main(monkeypatch, capsys, [*BASE, "--prompt-data", data["train"], "--rm-url", url,
+                                                    "--use-opd", "--opd-type", "sglang"])
+    assert code == 0 and "nothing reads it" not in out + err

@@ -20,7 +20,7 @@ from slime.utils.output_paths import check_output_dirs
 from slime.utils.plugin_paths import check_plugin_paths, raised_at_import
 from slime.utils.resume_checks import check_resume
 from slime.utils.task_envs import check_task_envs
-from slime.utils.url_checks import check_rm_url
+from slime.utils.url_checks import check_rm_url, unused_rm_url_notes
 
 # The hooks that turn a server teacher's replies into the OPD term (upstream's OPD example uses the same).
 SERVER_TEACHER_HOOKS = {
@@ -44,6 +44,7 @@ def check_launch(args) -> list[str]:
         raise ArgumentError("--num-rollout is required (number of rollout/train steps)")
     notes = _default_server_teacher_hooks(args) + _default_generate_function(args)
     check_rm_url(args)
+    notes += unused_rm_url_notes(args)
     check_output_dirs(args)
     notes += config_key_warnings(args)
     _check_cluster(args)

@@ -50,3 +50,12 @@ def check_rm_url(args) -> None:
     if problem:
         raise ArgumentError(f"--rm-url {url!r} is not an {FORM} URL: {problem} "
                             "(e.g. http://127.0.0.1:13141/generate, the teacher server's endpoint)")
+
+
+def unused_rm_url_notes(args) -> list[str]:
+    """A warning when nothing reads ``--rm-url``: no OPD teacher server and no custom reward hook."""
+    url = getattr(args, "rm_url", None)
+    if not url or getattr(args, "use_opd", False) or getattr(args, "custom_rm_path", None):
+        return []
+    return [f"warning: --rm-url {url} is set but nothing reads it: without --use-opd --opd-type sglang (a teacher "
+            "server) or a --custom-rm-path hook the run trains on the environment's reward"]
