@@ -2,22 +2,25 @@
 # TCOD tested on its own premise (issue 33): the official objective with turn-matched updates and a depth
 # ramp over ~72% of training, compared only on settings where vanilla OPD's per-turn KL is first shown to
 # grow with turn depth. A thin driver over benchmarks/tcod_vs_opd.sh (same SFT, teacher server, agent loop).
-#   SETTING=gridnav-xl bash benchmarks/tcod_faithful.sh        # or SETTING=hanoi-4, gridnav-long
+#   SETTING=gridnav-walls bash benchmarks/tcod_faithful.sh     # or SETTING=hanoi-4, gridnav-long, gridnav-xl
 # Phases; each one resumes (what a previous call finished is read back, not rerun):
 #   1. base  SFT teacher + student and their held-out success; eval puzzles disjoint from training ones
 #   2. gate  vanilla OPD for GATE_STEPS steps on GATE_SEEDS -> benchmarks/tcod_premise.py -> gate.json.
 #            A failed gate ends the setting: nothing is compared on it (the verdict is its result)
 #   3. lr    vanilla OPD on seed 0 at each of LRS; the best final eval among runs whose trajectory KL fell is
 #            fixed for every method (lr.txt)
-#   4. grid  seed by seed, opd f2b b2f; each run's row is appended to RESULTS; a row already there is skipped
+#   4. grid  seed by seed, opd f2b b2f; each run's row is appended to RESULTS_DIR/LABEL.jsonl (one row per
+#            setting, method and seed: a rerun replaces it)
 #   5. report benchmarks/tcod_faithful_report.py (all settings' rows)
 # Objective, as the official configs: slime's sampled OPD term (--opd-loss sampled, --opd-kl-coef 1), one
-# optimizer step per batch of TURNS trained student turns (--turns-per-step, every method), old log-probs
-# recomputed by the trainer; ETA so that k reaches K_MAX at RAMP (0.72) of STEPS; evaluation on held-out
-# puzzles at temperature 1.0 and, from the final checkpoint, 0.4 (the official eval temperature).
+# optimizer step per batch of TURNS trained student turns (--turns-per-step, every method), the loss averaged
+# over the step's tokens, old log-probs recomputed by the trainer; ETA so that k reaches K_MAX at RAMP (0.72) of
+# STEPS; evaluation on held-out puzzles at temperature 1.0 and, from the final checkpoint, 0.4 (the official eval
+# temperature).
 # Environment: SETTING, SEEDS ("0 1 2 3 4"), STEPS (42), TURNS (64), K_MAX (16), RAMP (0.72), LRS
 # ("3e-4 1e-3 3e-3"), LR (skip phase 3), GATE_SEEDS ("0 1 2"), GATE_STEPS (3), PYTHON, LABEL (SETTING), OUT_ROOT
-# (outputs/tcod-faithful/LABEL), TEACHER_STEPS / STUDENT_STEPS (SFT, 90 / 30), NO_REPORT_FAITHFUL=1.
+# (outputs/tcod-faithful/LABEL), RESULTS_DIR (benchmarks/results/tcod_premise), TEACHER_STEPS / STUDENT_STEPS
+# (SFT, 90 / 30), NO_REPORT_FAITHFUL=1.
 # Touch OUT_ROOT/STOP to stop after the seed in progress.
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,7 +38,8 @@ GATE_STEPS="${GATE_STEPS:-3}"
 # LABEL names the results (default SETTING): one setting can be gated again with another teacher.
 LABEL="${LABEL:-${SETTING}}"
 OUT_ROOT="${OUT_ROOT:-outputs/tcod-faithful/${LABEL}}"
-RESULTS="benchmarks/results/tcod_faithful/${LABEL}.jsonl"
+RESULTS_DIR="${RESULTS_DIR:-benchmarks/results/tcod_premise}"
+RESULTS="${RESULTS_DIR}/${LABEL}.jsonl"
 # k(n) = 1 + n // eta reaches K_MAX at n = (K_MAX - 1) * eta: the largest eta that gets there by RAMP x STEPS.
 ETA="$("${PYTHON}" -c "import sys; print(max(1, int(float(sys.argv[1]) * int(sys.argv[2]) // (int(sys.argv[3]) - 1))))" \
   "${RAMP}" "${STEPS}" "${K_MAX}")"
@@ -44,7 +48,9 @@ T_START=${SECONDS}
 phase() { printf '\n##### [%5ds] tcod_faithful %s: %s\n' "$(( SECONDS - T_START ))" "${SETTING}" "$*"; }
 # Every OPD run of every phase: the same objective and budget, only the method, seed, steps and lr vary.
 export OPD_LOSS=sampled EVAL_TEMPERATURE=1.0 SAVE_FINAL=1 FINAL_EVAL_TEMPERATURES=0.4 ETA NO_REPORT=1
-export EXTRA_ARGS="--turns-per-step ${TURNS} --opd-kl-coef 1.0 --tcod-k-max ${K_MAX}"
+# --calculate-per-token-loss: the step's loss is the mean over its trained tokens, as Trinity-RFT's default
+# token-mean over a batch of turn-level experiences (the official layout), whatever episodes they came from.
+export EXTRA_ARGS="--turns-per-step ${TURNS} --opd-kl-coef 1.0 --tcod-k-max ${K_MAX} --calculate-per-token-loss"
 phase "STEPS ${STEPS}, TURNS ${TURNS} per step, eta ${ETA} (k reaches ${K_MAX} at step $(( (K_MAX - 1) * ETA )))"
 
 phase "1. base: teacher + student"
@@ -78,7 +84,7 @@ opd_runs gate "${GATE_STEPS}" "${GATE_LR}" "${GATE_SEEDS}" opd
 gate_runs=(); for seed in ${GATE_SEEDS}; do gate_runs+=("${OUT_ROOT}/gate/seed${seed}/opd"); done
 if ! "${PYTHON}" benchmarks/tcod_premise.py --runs "${gate_runs[@]}" --first-steps "${GATE_STEPS}" \
     --teacher-success "${TEACHER_SUCCESS}" --student-success "${STUDENT_SUCCESS}" \
-    --out "benchmarks/results/tcod_faithful/${LABEL}_gate.json"; then
+    --out "${RESULTS_DIR}/${LABEL}_gate.json"; then
   phase "the premise gate failed: no method is compared on ${SETTING}"
   exit 0
 fi
@@ -87,9 +93,11 @@ phase "3. lr: vanilla OPD on seed 0 at ${LRS}"
 if [ -z "${LR:-}" ]; then
   if [ ! -s "${OUT_ROOT}/lr.txt" ]; then
     for lr in ${LRS}; do opd_runs "lr${lr}" "${STEPS}" "${lr}" 0 opd; done
+    # Every rate's numbers go to the results beside the gate (LABEL_lr.txt), learned or not.
     if ! "${PYTHON}" benchmarks/tcod_faithful_report.py pick-lr --root "${OUT_ROOT}" --lrs ${LRS} \
-        --student-success "${STUDENT_SUCCESS}" > "${OUT_ROOT}/lr.txt"; then
+        --student-success "${STUDENT_SUCCESS}" 2> "${RESULTS_DIR}/${LABEL}_lr.txt" > "${OUT_ROOT}/lr.txt"; then
       rm -f "${OUT_ROOT}/lr.txt"
+      cat "${RESULTS_DIR}/${LABEL}_lr.txt" >&2
       phase "vanilla OPD learned at no lr of ${LRS}: no method is compared on ${SETTING}"
       exit 0
     fi
@@ -112,6 +120,6 @@ done
 
 if [ "${NO_REPORT_FAITHFUL:-0}" != 1 ]; then
   phase "5. report"
-  "${PYTHON}" benchmarks/tcod_faithful_report.py report
+  "${PYTHON}" benchmarks/tcod_faithful_report.py report --results-dir "${RESULTS_DIR}"
 fi
 phase "done"

@@ -2,7 +2,7 @@
 
     python benchmarks/tcod_faithful_report.py row --results R.jsonl --run-dir DIR --setting S --method opd ...
     python benchmarks/tcod_faithful_report.py pick-lr --root OUT_ROOT --lrs 3e-4 1e-3 3e-3
-    python benchmarks/tcod_faithful_report.py report [--results-dir benchmarks/results/tcod_faithful]
+    python benchmarks/tcod_faithful_report.py report [--results-dir benchmarks/results/tcod_premise]
 
 ``row`` turns one run (metrics.jsonl, its final checkpoint's eval at temperature 0.4, wall time, load) into a
 self-contained jsonl row with its per-step series. ``report`` writes ``REPORT.md`` beside the rows: the
@@ -116,14 +116,14 @@ def per_turn_kl_profile(rows, first: bool) -> list[float | None]:
     return [statistics.fmean(per_index[i]) if i in per_index else None for i in range(max(per_index, default=-1) + 1)]
 
 
-def setting_report(setting: str, rows: list[dict], gate: dict | None) -> str:
+def setting_report(setting: str, rows: list[dict], gate: dict | None, results_dir: Path) -> str:
     lines = [f"## {setting}", ""]
     if gate is not None:
         lines += [f"Premise gate: {gate['verdict']}", ""]
         if not gate["passed"]:
             return "\n".join(lines + ["The gate failed: no method is compared on this setting.", ""])
     if not rows:
-        lr_note = Path(REPO / "benchmarks/results/tcod_faithful" / f"{setting}_lr.txt")
+        lr_note = results_dir / f"{setting}_lr.txt"
         return "\n".join(lines + ["No grid rows: the learning-rate phase found no rate at which vanilla OPD learned:"
                                    if lr_note.exists() else "No grid rows yet.", ""]
                           + ([f"    {line}" for line in lr_note.read_text().splitlines()] if lr_note.exists() else [])
@@ -198,13 +198,13 @@ def cmd_report(args) -> int:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         gate_path = results_dir / f"{setting}_gate.json"
         gate = json.loads(gate_path.read_text()) if gate_path.exists() else None
-        parts.append(setting_report(setting, rows, gate))
+        parts.append(setting_report(setting, rows, gate, results_dir))
         if rows and (gate is None or gate["passed"]):
             plot(setting, rows, Path(args.png_dir) / f"tcod_faithful_{setting}.png")
     for gate_path in sorted(results_dir.glob("*_gate.json")):  # settings stopped at the gate have no rows
         setting = gate_path.name.removesuffix("_gate.json")
         if not (results_dir / f"{setting}.jsonl").exists():
-            parts.append(setting_report(setting, [], json.loads(gate_path.read_text())))
+            parts.append(setting_report(setting, [], json.loads(gate_path.read_text()), results_dir))
     (results_dir / "REPORT.md").write_text("\n".join(parts))
     print(f"wrote {results_dir / 'REPORT.md'}")
     return 0
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     q.add_argument("--lrs", nargs="+", required=True)
     q.add_argument("--student-success", type=float, required=True, help="the student's eval success before OPD")
     t = sub.add_parser("report")
-    t.add_argument("--results-dir", default=str(REPO / "benchmarks/results/tcod_faithful"))
+    t.add_argument("--results-dir", default=str(REPO / "benchmarks/results/tcod_premise"))
     t.add_argument("--png-dir", default=str(REPO / "docs/en/assets"))
     args = p.parse_args(argv)
     return {"row": cmd_row, "pick-lr": cmd_pick_lr, "report": cmd_report}[args.cmd](args)

@@ -10,7 +10,8 @@
 #   3. benchmarks/tcod_vs_opd_report.py: mean +- std table and plots
 # OPD runs in the regime measured to work (docs/en/advanced/opd-regimes.md): one optimizer step per
 # rollout (global batch = BATCH episodes), evaluated at the rollout temperature 1.0 that OPD matches.
-# Environment: SETTING (gridnav | hanoi | gridnav-long), SEEDS ("0 1 2 3 4"), STEPS, ETA, BATCH, LR,
+# Environment: SETTING (gridnav | hanoi | gridnav-long | hanoi-4 | gridnav-xl | gridnav-walls),
+# SEEDS ("0 1 2 3 4"), STEPS, ETA, BATCH, LR,
 # EVAL_INTERVAL (default STEPS: one evaluation, at the end), EVAL_N (held-out tasks, default 96),
 # EVAL_TEMPERATURE (default 1.0), OPD_LOSS (full | sampled, default full as in the demo), METHODS
 # (default "opd f2b b2f"; b2ft = B2F with the teacher's own episode as prefix, expert paths hidden),
@@ -56,6 +57,10 @@ case "${SETTING}" in
   hanoi-4)      ENV_ARGS=(--env hanoi --disks 4 --start random --min-len 8 --max-len 15); TURN_LEN=12
                 MAX_TURNS=20; RESPONSE_LEN=1280 ;;
   gridnav-xl)   ENV_ARGS=(--env gridnav --size 10 --walls 0 --min-len 12 --max-len 16); MAX_TURNS=20
+                RESPONSE_LEN=720 ;;
+  # Walls (20% of the cells): the map is shown once, in the first observation; a wrong turn can lead into a
+  # dead end, so the student's errors can compound where the open grids' cannot.
+  gridnav-walls) ENV_ARGS=(--env gridnav --size 8 --walls 0.2 --min-len 7 --max-len 10); MAX_TURNS=14
                 RESPONSE_LEN=720 ;;
   *) echo "tcod_vs_opd: unknown SETTING ${SETTING}" >&2; exit 2 ;;
 esac
