@@ -33,21 +33,25 @@ from stats import mean_ci  # noqa: E402
 KEY = "opd/turn_kl_slopes"
 
 
-def run_slopes(run_dir: Path, first_steps: int) -> tuple[list[float], str | None]:
-    """The per-episode slopes of a run's first ``first_steps`` rollout steps, and which KL they read."""
+def run_slopes(run_dir: Path, first_steps: int, by_turn: dict[int, list[float]] | None = None):
+    """The per-episode slopes of a run's first ``first_steps`` rollout steps, and which KL they read; each
+    step's mean per-turn KL by turn index (``opd/per_turn_kl``) is added to ``by_turn``."""
     slopes, source = [], None
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if 0 <= row.get("step", -1) < first_steps and KEY in row:
             slopes += [float(v) for v in row[KEY]]
             source = row.get("opd/turn_kl_slope_source", source)
+            for i, value in enumerate(row.get("opd/per_turn_kl") or []):
+                if by_turn is not None and value is not None:
+                    by_turn.setdefault(i, []).append(float(value))
     return slopes, source
 
 
 def gate(runs: list[Path], first_steps: int, teacher_success: float, student_success: float) -> dict:
-    per_seed, pooled, sources = {}, [], set()
+    per_seed, pooled, sources, by_turn = {}, [], set(), {}
     for run in runs:
-        slopes, source = run_slopes(run, first_steps)
+        slopes, source = run_slopes(run, first_steps, by_turn)
         if not slopes:
             raise SystemExit(f"tcod_premise: {run}/metrics.jsonl has no {KEY} in its first {first_steps} steps "
                              "(vanilla OPD with a teacher that scores, episodes of 3+ turns)")
@@ -62,7 +66,11 @@ def gate(runs: list[Path], first_steps: int, teacher_success: float, student_suc
     }
     return {"slope_mean": mean, "ci95": [low, high], "episodes": len(pooled), "first_steps": first_steps,
             "per_seed_mean": per_seed, "kl": sorted(s or "?" for s in sources), "teacher_success": teacher_success,
-            "student_success": student_success, "checks": checks, "passed": all(checks.values())}
+            "student_success": student_success, "checks": checks, "passed": all(checks.values()),
+            # Mean over steps and seeds at each turn index: the paper's Fig. 2 view, shown beside the statistic
+            # but not the statistic (late indices hold only the episodes that ran long).
+            "per_turn_kl_by_index": [round(statistics.fmean(by_turn[i]), 4) if i in by_turn else None
+                                     for i in range(max(by_turn, default=-1) + 1)]}
 
 
 def verdict_line(result: dict) -> str:

@@ -10,9 +10,9 @@
 #   3. benchmarks/tcod_vs_opd_report.py: mean +- std table and plots
 # OPD runs in the regime measured to work (docs/en/advanced/opd-regimes.md): one optimizer step per
 # rollout (global batch = BATCH episodes), evaluated at the rollout temperature 1.0 that OPD matches.
-# Environment: SETTING (gridnav | hanoi | gridnav-long | hanoi-4 | gridnav-xl | gridnav-walls),
-# SEEDS ("0 1 2 3 4"), STEPS, ETA, BATCH, LR,
-# EVAL_INTERVAL (default STEPS: one evaluation, at the end), EVAL_N (held-out tasks, default 96),
+# Environment: SETTING (gridnav | hanoi | gridnav-long | hanoi-4 | hanoi-4-wide | gridnav-xl | gridnav-walls),
+# SEEDS ("0 1 2 3 4"), STEPS, ETA, BATCH, LR, EVAL_INTERVAL (default STEPS: one evaluation, at the end), EVAL_N
+# (held-out tasks, default 96; hanoi-4 48, hanoi-4-wide 64),
 # EVAL_TEMPERATURE (default 1.0), OPD_LOSS (full | sampled, default full as in the demo), METHODS
 # (default "opd f2b b2f"; b2ft = B2F with the teacher's own episode as prefix, expert paths hidden),
 # TEACHER_STEPS, STUDENT_STEPS, TEACHER, STUDENT, LABEL (names the outputs and results, default
@@ -22,8 +22,8 @@
 # records /proc/loadavg before and after it in its metrics dir (loadavg.txt). For benchmarks/tcod_faithful.sh:
 # EXTRA_ARGS (more train.py flags for every OPD run, e.g. "--turns-per-step 64"), SAVE_FINAL=1 (keep the last
 # step's checkpoint under RUN_DIR/ckpt, for evaluations at other temperatures), N_TRAIN (training tasks,
-# default 512), FINAL_EVAL_TEMPERATURES (with SAVE_FINAL=1: also evaluate the last checkpoint at each of these
-# into RUN_DIR/eval_T{t}.txt), EVAL_EXCLUDE (default 1: the eval file leaves out every training puzzle, by label and first
+# default 512; hanoi-4 and hanoi-4-wide 150), FINAL_EVAL_TEMPERATURES (with SAVE_FINAL=1: also evaluate the last
+# checkpoint at each of these into RUN_DIR/eval_T{t}.txt), EVAL_EXCLUDE (default 1: the eval file leaves out every training puzzle, by label and first
 # observation; 0 reproduces the published rows, whose eval sets repeated training puzzles: hanoi's 96 of 96,
 # gridnav's about half; 3-disk hanoi has too few distinct puzzles for a disjoint eval set).
 set -euo pipefail
@@ -44,7 +44,6 @@ EVAL_INTERVAL="${EVAL_INTERVAL:-${STEPS}}"
 TEACHER_STEPS="${TEACHER_STEPS:-90}"
 STUDENT_STEPS="${STUDENT_STEPS:-30}"
 MAX_TURNS=10
-EVAL_N="${EVAL_N:-96}"
 TURN_LEN=8      # tokens per student turn: the longest action plus <|im_end|> must fit
 RESPONSE_LEN=480
 case "${SETTING}" in
@@ -54,8 +53,12 @@ case "${SETTING}" in
   hanoi)        ENV_ARGS=(--env hanoi --disks 3 --start random --min-len 2 --max-len 7); TURN_LEN=12
                 RESPONSE_LEN=640 ;;
   # Long horizons for TCOD's premise (benchmarks/tcod_faithful.sh): 4 disks, up to the 15-move optimum.
+  # Only 162 such puzzles exist (81 positions x 3 target pegs, 8+ moves): 150 training rows leave ~50 held out.
   hanoi-4)      ENV_ARGS=(--env hanoi --disks 4 --start random --min-len 8 --max-len 15); TURN_LEN=12
-                MAX_TURNS=20; RESPONSE_LEN=1280 ;;
+                MAX_TURNS=20; RESPONSE_LEN=1280; SETTING_N_TRAIN=150; SETTING_EVAL_N=48 ;;
+  # 4 disks from 4 moves up: 216 puzzles, the shorter ones learnable by a tiny student.
+  hanoi-4-wide) ENV_ARGS=(--env hanoi --disks 4 --start random --min-len 4 --max-len 15); TURN_LEN=12
+                MAX_TURNS=20; RESPONSE_LEN=1280; SETTING_N_TRAIN=150; SETTING_EVAL_N=64 ;;
   gridnav-xl)   ENV_ARGS=(--env gridnav --size 10 --walls 0 --min-len 12 --max-len 16); MAX_TURNS=20
                 RESPONSE_LEN=720 ;;
   # Walls (20% of the cells): the map is shown once, in the first observation; a wrong turn can lead into a
@@ -64,6 +67,8 @@ case "${SETTING}" in
                 RESPONSE_LEN=720 ;;
   *) echo "tcod_vs_opd: unknown SETTING ${SETTING}" >&2; exit 2 ;;
 esac
+N_TRAIN="${N_TRAIN:-${SETTING_N_TRAIN:-512}}"
+EVAL_N="${EVAL_N:-${SETTING_EVAL_N:-96}}"
 
 T_START=${SECONDS}
 phase() { printf '\n=== [%4ds] %s: %s\n' "$(( SECONDS - T_START ))" "${SETTING}" "$*"; }
@@ -76,7 +81,7 @@ mkdir -p "${OUT_DIR}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 phase "tasks (train seeds 0.., eval seeds 100000..)"
-"${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n "${N_TRAIN:-512}" --seed 0 \
+"${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n "${N_TRAIN}" --seed 0 \
   --out "${OUT_DIR}/train.jsonl"
 EXCLUDE=(); if [ "${EVAL_EXCLUDE:-1}" = 1 ]; then EXCLUDE=(--exclude "${OUT_DIR}/train.jsonl"); fi
 "${PYTHON}" -m examples.agent_envs.make_data "${ENV_ARGS[@]}" --n "${EVAL_N}" --seed 100000 \

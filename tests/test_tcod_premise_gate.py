@@ -39,7 +39,8 @@ def test_slopes_are_taken_within_each_episode():
 
 def write_run(path, slopes_by_step):
     path.mkdir(parents=True)
-    rows = [{"step": step, "opd/turn_kl_slopes": slopes, "opd/turn_kl_slope_source": "exact"}
+    rows = [{"step": step, "opd/turn_kl_slopes": slopes, "opd/turn_kl_slope_source": "exact",
+             "opd/per_turn_kl": [1.0 + step, None, 3.0][: len(slopes) - 1]}
             for step, slopes in enumerate(slopes_by_step)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -51,7 +52,9 @@ def test_the_gate_passes_only_on_a_rising_kl_with_a_better_teacher(tmp_path, cap
     assert tcod_premise.main(argv + ["--out", str(tmp_path / "gate.json")]) == 0
     line = capsys.readouterr().out
     assert line.startswith("premise gate PASSED: per-turn KL slope +0.2750 per turn") and "36 episodes" in line
-    assert json.loads((tmp_path / "gate.json").read_text())["passed"]  # step 3's -5 is past --first-steps 3
+    written = json.loads((tmp_path / "gate.json").read_text())
+    assert written["passed"]  # step 3's -5 is past --first-steps 3
+    assert written["per_turn_kl_by_index"] == [2.0, None, 3.0]  # steps 0..2 at turn 1: 1, 2, 3
     assert tcod_premise.main(argv[:-4] + ["--teacher-success", "0.2", "--student-success", "0.3"]) == 1
     assert "FAILED (teacher_beats_student)" in capsys.readouterr().out
     flat = [write_run(tmp_path / f"f{s}", [[0.4, -0.5, 0.3, -0.3]] * 3) for s in range(3)]
