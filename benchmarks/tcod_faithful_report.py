@@ -130,7 +130,8 @@ def setting_report(setting: str, rows: list[dict], gate: dict | None, results_di
                           + [""])
     by_method = {m: {r["seed"]: r for r in rows if r["method"] == m} for m, _ in METHODS}
     lines += ["| method | seeds | eval T 1.0, end | eval T 0.4, end | trajectory KL first 3 -> last 3 | "
-              "trained tokens | student turns / step | wall s / run |", "| --- " * 8 + "|"]
+              "turn-KL slope first 3 -> last 3 | trained tokens | student turns / step | wall s / run |",
+              "| --- " * 9 + "|"]
     for method, name in METHODS:
         runs = list(by_method[method].values())
         if not runs:
@@ -138,7 +139,10 @@ def setting_report(setting: str, rows: list[dict], gate: dict | None, results_di
         lines.append(
             f"| {name} | {len(runs)} | {_pm([r['summary']['eval_success_end'] for r in runs])} | "
             f"{_pm([r['eval_success_t04'] for r in runs])} | {_pm([r['summary']['traj_kl_start'] for r in runs])} -> "
-            f"{_pm([r['summary']['traj_kl_end'] for r in runs])} | {_pm([r['summary']['trained_tokens'] for r in runs], 0)} | "
+            f"{_pm([r['summary']['traj_kl_end'] for r in runs])} | "
+            f"{_pm([_window(r['series']['turn_kl_slope'], True) for r in runs], 3)} -> "
+            f"{_pm([_window(r['series']['turn_kl_slope'], False) for r in runs], 3)} | "
+            f"{_pm([r['summary']['trained_tokens'] for r in runs], 0)} | "
             f"{_pm([statistics.fmean(r['series']['student_turns']) for r in runs], 1)} | "
             f"{_pm([r['process_wall_s'] for r in runs], 0)} |"
         )

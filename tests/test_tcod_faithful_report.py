@@ -61,10 +61,14 @@ def test_rows_and_report(tmp_path):
     (results / "gridnav-xl_gate.json").write_text(json.dumps(gate))
     (results / "hanoi-4_gate.json").write_text(json.dumps({"verdict": "premise gate FAILED (ci_above_zero)",
                                                           "passed": False}))
+    (results / "hanoi-5_gate.json").write_text(json.dumps({"verdict": "premise gate PASSED: ...", "passed": True}))
+    (results / "hanoi-5_lr.txt").write_text("lr 3e-4: eval 0.000, trajectory KL 9.00 -> 8.00\n")
     assert report.main(["report", "--results-dir", str(results), "--png-dir", str(tmp_path / "png")]) == 0
     text = (results / "REPORT.md").read_text()
     assert "| TCOD-F2B | 3 | 0.47 ± 0.02 | 0.57 ± 0.02 |" in text
     assert "| TCOD-F2B | +0.060 (p 0.0091) | +0.060 (p 0.0091) | -1200 (p nan) |" in text  # 200 a step, each seed
+    assert "| 9.00 ± 0.00 -> 6.00 ± 0.00 | 0.200 ± 0.000 -> 0.200 ± 0.000 |" in text  # KL, turn-KL slope
     assert "- vanilla OPD: [0.50, 1.00, 2.00] -> [0.50, 0.60, 0.70]" in text
+    assert "found no rate at which vanilla OPD learned:\n\n    lr 3e-4: eval 0.000" in text  # its lr note
     assert "## hanoi-4" in text and "no method is compared on this setting" in text
     assert (tmp_path / "png" / "tcod_faithful_gridnav-xl.png").exists()
