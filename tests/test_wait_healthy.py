@@ -4,11 +4,13 @@ by another server is never taken for ours (here and in the launcher's own wait).
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
 
 from _engine_helpers import ThreadedApp, start_hf_engine
+from slime.backends.sglang_utils import launcher
 from slime.backends.sglang_utils.launcher import EngineLaunchError, EngineProcess, find_free_port
 from slime.backends.sglang_utils.wait_healthy import main
 from slime.utils.tiny_models import save_tiny_checkpoint
@@ -85,3 +87,35 @@ def test_the_launcher_reports_a_busy_port_with_the_exit_code(tmp_path):
     message = str(err.value)
     assert "exited with code 1" in message and f"port {stub.port} is answered by another process" in message
     assert "Address already in use" in message  # the server's own log line is quoted
+
+
+# A server that binds its port and answers every GET with 200 until killed.
+SERVE = (
+    "import http.server, sys\n"
+    "class Ok(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), Ok).serve_forever()\n"
+)
+
+
+def test_the_launcher_starts_again_on_a_new_port_when_its_own_pick_was_taken(tmp_path, monkeypatch):
+    # find_free_port's port is free when picked and released before the server binds it: here another
+    # server takes it in between, so the first start dies with EADDRINUSE and the second gets a new port.
+    stub = _healthy_stub()
+    picks = iter([stub.port, find_free_port()])
+    monkeypatch.setattr(launcher, "find_free_port", lambda host="127.0.0.1": next(picks))
+    monkeypatch.setattr(launcher, "build_engine_command",
+                        lambda args, **kw: [sys.executable, "-c", SERVE, str(kw["port"])])
+    try:
+        engine = launcher.launch_engine(SimpleNamespace(), log_dir=tmp_path, timeout=30)
+        try:
+            assert engine.port != stub.port and engine.process.poll() is None
+        finally:
+            engine.stop()
+        with pytest.raises(EngineLaunchError, match="answered by another process"):  # a given port: one try
+            launcher.launch_engine(SimpleNamespace(), port=stub.port, log_dir=tmp_path, timeout=30)
+    finally:
+        stub.stop()

@@ -184,14 +184,36 @@ class EngineProcess:
 def launch_engine(args, *, model_path: str | None = None, host: str | None = None, port: int | None = None,
                   log_dir: str | os.PathLike | None = None, timeout: float = 300.0, env=None,
                   **command_kwargs) -> EngineProcess:
-    """Start the engine chosen by ``--rollout-backend`` and wait until it can generate."""
+    """Start the engine chosen by ``--rollout-backend`` and wait until it can generate.
+
+    A port picked here (``port`` None) is free when picked but released before the server binds it, so
+    another process can take it in between; a server that then dies with EADDRINUSE is started again on a
+    new port (``PORT_RACE_TRIES`` in all). A port given by the caller is used once.
+    """
     host = host or getattr(args, "engine_host", "127.0.0.1")
-    port = port or find_free_port(host)
-    cmd = build_engine_command(args, model_path=model_path, host=host, port=port, **command_kwargs)
     log_dir = Path(log_dir or os.environ.get("SLIME_ENGINE_LOG_DIR", "/tmp/slime_engines"))
-    engine = EngineProcess(cmd, host=host, port=port, log_path=log_dir / f"engine_{host}_{port}.log", env=env)
-    try:
-        return engine.wait_healthy(timeout)
-    except BaseException:
-        engine.stop()
-        raise
+    tries = 1 if port else PORT_RACE_TRIES
+    for attempt in range(1, tries + 1):
+        chosen = port or find_free_port(host)
+        cmd = build_engine_command(args, model_path=model_path, host=host, port=chosen, **command_kwargs)
+        engine = EngineProcess(cmd, host=host, port=chosen, log_path=log_dir / f"engine_{host}_{chosen}.log",
+                               env=env)
+        try:
+            return engine.wait_healthy(timeout)
+        except EngineLaunchError:
+            engine.stop()
+            if attempt == tries or not _lost_its_port(engine):
+                raise
+        except BaseException:
+            engine.stop()
+            raise
+    raise AssertionError("unreachable")
+
+
+PORT_RACE_TRIES = 3
+
+
+def _lost_its_port(engine: EngineProcess) -> bool:
+    """The server exited because its port was taken (EADDRINUSE in its log)."""
+    tail = engine.log_tail().lower()
+    return engine.process.poll() is not None and ("address already in use" in tail or "errno 98" in tail)
