@@ -33,7 +33,7 @@ from stats import mean_ci  # noqa: E402
 KEY = "opd/turn_kl_slopes"
 
 
-def run_slopes(run_dir: Path, first_steps: int, by_turn: dict[int, list[float]] | None = None):
+def run_slopes(run_dir: Path, first_steps: int, by_turn: dict[int, list[float]]) -> tuple[list[float], str | None]:
     """The per-episode slopes of a run's first ``first_steps`` rollout steps, and which KL they read; each
     step's mean per-turn KL by turn index (``opd/per_turn_kl``) is added to ``by_turn``."""
     slopes, source = [], None
@@ -43,7 +43,7 @@ def run_slopes(run_dir: Path, first_steps: int, by_turn: dict[int, list[float]] 
             slopes += [float(v) for v in row[KEY]]
             source = row.get("opd/turn_kl_slope_source", source)
             for i, value in enumerate(row.get("opd/per_turn_kl") or []):
-                if by_turn is not None and value is not None:
+                if value is not None:
                     by_turn.setdefault(i, []).append(float(value))
     return slopes, source
 

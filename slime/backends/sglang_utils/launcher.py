@@ -181,6 +181,9 @@ class EngineProcess:
         self.stop()
 
 
+PORT_RACE_TRIES = 3  # starts of an engine whose self-picked port another process took first
+
+
 def launch_engine(args, *, model_path: str | None = None, host: str | None = None, port: int | None = None,
                   log_dir: str | os.PathLike | None = None, timeout: float = 300.0, env=None,
                   **command_kwargs) -> EngineProcess:
@@ -200,17 +203,10 @@ def launch_engine(args, *, model_path: str | None = None, host: str | None = Non
                                env=env)
         try:
             return engine.wait_healthy(timeout)
-        except EngineLaunchError:
+        except BaseException as err:
             engine.stop()
-            if attempt == tries or not _lost_its_port(engine):
+            if not (isinstance(err, EngineLaunchError) and attempt < tries and _lost_its_port(engine)):
                 raise
-        except BaseException:
-            engine.stop()
-            raise
-    raise AssertionError("unreachable")
-
-
-PORT_RACE_TRIES = 3
 
 
 def _lost_its_port(engine: EngineProcess) -> bool:
