@@ -51,6 +51,7 @@ SCRIPTS = sorted(
 UPSTREAM_ONLY_TARGETS = {
     "docs/en/advanced/on-policy-distillation.md",
     "docs/zh/advanced/on-policy-distillation.md",
+    "docs/en/get_started/customization.md",
     "docs/zh/get_started/customization.md",
     "examples/on_policy_distillation/README.md",
     "examples/geo3k_vlm_multi_turn/README.md",
@@ -77,7 +78,9 @@ OUTSIDE = {
     # Megatron-LM's own flags that docs/en/megatron_backend.md names but this runtime does not take.
     "megatron": {"--ckpt-step"},
     # Upstream slime's train.py flags that the PR's docs name and this runtime does not have.
-    "upstream slime": {"--ci-test", "--partial-rollout"},
+    "upstream slime": {"--ci-test", "--partial-rollout", "--router-policy", "--use-rollout-routing-replay"},
+    # hf download (huggingface_hub), in the example README's download step.
+    "hf": {"--local-dir"},
 }
 
 FLAG = re.compile(r"(?<![\w$-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?:-\*)?")

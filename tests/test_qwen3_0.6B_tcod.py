@@ -33,7 +33,7 @@ MAX_TURN_RESPONSE_LEN = 512
 TCOD_ETA = 1  # the depth grows every step: 1, 2, 3
 
 parser = ArgumentParser()
-parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default="f2b")
+parser.add_argument("--tcod-mode", choices=["f2b", "b2f"], default="b2f")
 parser.add_argument("--opd-type", choices=["sglang", "megatron"], default="sglang")
 
 

@@ -226,13 +226,14 @@ def test_pr_test_entries_go_after_the_opd_test_and_into_the_cpu_job_once():
     )
     edited = entry.edit_template(template)
     lines = edited.splitlines()
-    assert lines[2:6] == ["    " + e for e in entry.GPU_ENTRIES] and old not in edited
-    assert lines[6] == "    {'test_file': 'x.py', 'num_gpus': 4},"
+    assert lines[2 : 2 + len(entry.GPU_ENTRIES)] == ["    " + e for e in entry.GPU_ENTRIES] and old not in edited
+    assert lines[2 + len(entry.GPU_ENTRIES)] == "    {'test_file': 'x.py', 'num_gpus': 4},"
     cpu_at = lines.index("        {'test_file': 'a.py', 'num_gpus': 0},") + 1
     assert lines[cpu_at : cpu_at + 4] == ["        " + e for e in entry.CPU_ENTRIES] + ["      ],"]
     assert entry.edit_template(edited) == edited
     # One entry per configuration, each with the GPUs it uses; the file's NUM_GPUS is the default's.
-    assert [(m, o, n) for m, o, n in entry.GPU_CONFIGS if o == "sglang"] == [("f2b", "sglang", 3), ("b2f", "sglang", 3)]
+    assert [(m, o, n) for m, o, n in entry.GPU_CONFIGS if o == "sglang"] == [("b2f", "sglang", 3)]
+    assert {m for m, _, _ in entry.GPU_CONFIGS} == {"f2b", "b2f"} and len(entry.GPU_CONFIGS) == 2
     assert {n for _, o, n in entry.GPU_CONFIGS if o == "megatron"} == {2}
     assert "NUM_GPUS = 3" in (ROOT / "tests" / entry.TEST_FILE).read_text()
     with pytest.raises(entry.RegisterError):

@@ -1,11 +1,13 @@
-"""CPU end-to-end TCOD test: F2B and B2F through upstream's own rollout and training-data code.
+"""CPU end-to-end TCOD test: F2B and B2F through slime's own rollout, training-data and advantage code.
 
 Faked are only the edges: student and teacher ``/generate`` servers on loopback (log-probs from two seeded
-tiny bigram models), a character-level tokenizer, and the sglang / Megatron modules the CPU CI lacks.
+tiny bigram models), a character-level tokenizer, and the sglang / Megatron modules. The stubs live in a
+fixture: slime's modules are imported against them there and dropped again afterwards, so other tests in
+the same process see ``sys.modules`` as it was, whether sglang or Megatron is installed or not.
 """
 
 import argparse
-import importlib.util
+import base64
 import itertools
 import json
 import re
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from aiohttp import web
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
@@ -24,25 +27,12 @@ if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
 
 NUM_GPUS = 0
 
-UPSTREAM_PIECES = {
-    "slime/ray/rollout.py": "def _convert_samples_to_train_data(",
-    "slime/backends/megatron_utils/loss.py": "def compute_advantages_and_returns(",
-    "slime/rollout/sglang_rollout.py": "async def generate_and_rm(",
-}
-_absent = [
-    p
-    for p, text in UPSTREAM_PIECES.items()
-    if not (REPO_ROOT / p).is_file() or text not in (REPO_ROOT / p).read_text()
-]
-if _absent:  # this module runs in upstream's tree; a runtime without those pieces skips it
-    pytest.skip(f"upstream slime's rollout pieces are absent here: {', '.join(_absent)}", allow_module_level=True)
-
 
 def _megatron_parse_args(extra_args_provider=None, ignore_unknown_args=False):
     """Megatron-LM's ``parse_args`` reduced to the flags slime's argument code reads, plus slime's own groups."""
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--fp16", action="store_true")
-    for flag in ("--seq-length", "--max-position-embeddings", "--vocab-size"):
+    for flag in ("--seq-length", "--max-position-embeddings", "--vocab-size", "--num-layers", "--moe-router-topk"):
         parser.add_argument(flag, type=int, default=None)
     for flag in ("--tokenizer-model", "--tokenizer-type"):
         parser.add_argument(flag, type=str, default=None)
@@ -60,47 +50,75 @@ SINGLE_RANK_MPU = types.SimpleNamespace(
     get_context_parallel_rank=lambda: 0,
     get_context_parallel_world_size=lambda: 1,
 )
-STUBS = {  # installed only where the real package is missing, as in the CPU CI
-    "sglang": {
-        "sglang.srt": {},
-        "sglang.srt.constants": dict.fromkeys(
-            ("GPU_MEMORY_TYPE_CUDA_GRAPH", "GPU_MEMORY_TYPE_KV_CACHE", "GPU_MEMORY_TYPE_WEIGHTS"), "unused"
-        ),
-        "sglang.srt.server_args": {"ServerArgs": types.SimpleNamespace(add_cli_args=_add_sglang_server_args)},
-        "sglang.srt.utils": {"kill_process_tree": lambda *args, **kwargs: None},
-    },
-    "sglang_router": {
-        "sglang_router.launch_router": {"RouterArgs": types.SimpleNamespace(add_cli_args=lambda *a, **k: None)},
-    },
-    "megatron": {
-        "megatron.core": {"mpu": SINGLE_RANK_MPU},
-        "megatron.training": {},
-        "megatron.training.arguments": {"parse_args": _megatron_parse_args, "validate_args": lambda args: args},
-        "megatron.training.tokenizer": {},
-        "megatron.training.tokenizer.tokenizer": {"_vocab_size_with_padding": lambda vocab_size, args: vocab_size},
-    },
+STUBS = {
+    "sglang": {},
+    "sglang.srt": {},
+    "sglang.srt.constants": dict.fromkeys(
+        ("GPU_MEMORY_TYPE_CUDA_GRAPH", "GPU_MEMORY_TYPE_KV_CACHE", "GPU_MEMORY_TYPE_WEIGHTS"), "unused"
+    ),
+    "sglang.srt.server_args": {"ServerArgs": types.SimpleNamespace(add_cli_args=_add_sglang_server_args)},
+    "sglang.srt.utils": {"kill_process_tree": lambda *args, **kwargs: None},
+    "sglang_router": {},
+    "sglang_router.launch_router": {"RouterArgs": types.SimpleNamespace(add_cli_args=lambda *a, **k: None)},
+    "megatron": {},
+    "megatron.core": {"mpu": SINGLE_RANK_MPU},
+    "megatron.training": {},
+    "megatron.training.arguments": {"parse_args": _megatron_parse_args, "validate_args": lambda args: args},
+    "megatron.training.tokenizer": {},
+    "megatron.training.tokenizer.tokenizer": {"_vocab_size_with_padding": lambda vocab_size, args: vocab_size},
 }
-for _package, _modules in STUBS.items():
-    if _package not in sys.modules and importlib.util.find_spec(_package) is None:
-        for _name, _attrs in {_package: {}, **_modules}.items():
-            sys.modules[_name] = types.ModuleType(_name)
-            vars(sys.modules[_name]).update(_attrs)
+FRESH = ("slime", "examples", "sglang", "sglang_router", "megatron")  # imported anew against the stubs
 
-from aiohttp import web  # noqa: E402
-from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from slime.agent.aiohttp_threaded import run_app_in_thread  # noqa: E402
-from slime.backends.megatron_utils import loss  # noqa: E402
-from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training  # noqa: E402
-from slime.ray.rollout import RolloutManager  # noqa: E402
-from slime.rollout.sample_hooks import set_current_rollout_id  # noqa: E402
-from slime.rollout.sglang_rollout import GenerateState  # noqa: E402
-from slime.utils.arguments import parse_args  # noqa: E402
-from slime.utils.http_utils import init_http_client  # noqa: E402
-from slime.utils.misc import load_function  # noqa: E402
+def _fresh_modules():
+    return [name for name in sys.modules if name.split(".")[0] in FRESH]
 
+
+@pytest.fixture(scope="module")
+def slime_code():
+    """slime's modules this test drives, imported against the stubs; all of them leave ``sys.modules`` after."""
+    with pytest.MonkeyPatch.context() as mp:
+        # Another test's transformers stub goes too: the tokenizer here is real.
+        stubbed = "transformers" in sys.modules and getattr(sys.modules["transformers"], "__file__", None) is None
+        for name in _fresh_modules() + [m for m in sys.modules if stubbed and m.split(".")[0] == "transformers"]:
+            mp.delitem(sys.modules, name)
+        for name, attrs in STUBS.items():
+            module = types.ModuleType(name)
+            vars(module).update(attrs)
+            mp.setitem(sys.modules, name, module)
+        try:
+            from examples.multi_turn_tcod.envs.make_data import task_rows
+            from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+            from transformers import PreTrainedTokenizerFast
+
+            from slime.agent.aiohttp_threaded import run_app_in_thread
+            from slime.backends.megatron_utils import loss
+            from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training
+            from slime.ray.rollout import RolloutManager
+            from slime.rollout.sample_hooks import set_current_rollout_id
+            from slime.rollout.sglang_rollout import GenerateState
+            from slime.utils.arguments import parse_args
+            from slime.utils.http_utils import init_http_client
+            from slime.utils.misc import load_function
+
+            yield types.SimpleNamespace(**locals())
+        finally:
+            for name in _fresh_modules():
+                sys.modules.pop(name, None)  # the context then restores what was there before
+
+
+GRIDNAV = "examples.multi_turn_tcod.envs.gridnav"
+# An environment that cannot start for the tasks marked "broken": their episodes end before any student turn.
+FAILING_ENV = """
+from examples.multi_turn_tcod.envs.gridnav import build_env as build_gridnav
+
+
+def build_env(sample, args):
+    if sample.metadata.get("broken"):
+        raise RuntimeError("the simulator did not start")
+    return build_gridnav(sample, args)
+"""
+LAYERS, TOPK = 2, 2
 ROLLOUT_IDS = range(5)  # --tcod-eta 1: depth k(n) = n + 1 grows past every expert length (3 or 4)
 OPD_KL_COEF = 0.5
 # Qwen3's template: with enable_thinking=False an empty think block opens the assistant turn.
@@ -141,12 +159,12 @@ def qwen3_reply(context: str) -> str:
 class FakeSGLang:
     """SGLang's native HTTP API on loopback: the student replies, the teacher scores the whole trajectory."""
 
-    def __init__(self, tokenizer, model: TinyLM, student: bool):
+    def __init__(self, run_app_in_thread, tokenizer, model: TinyLM, student: bool):
         self.tokenizer, self.model, self.student, self.requests = tokenizer, model, student, []
         self.stop_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         app = web.Application()
         app.router.add_post("/generate", self.generate)
-        app.router.add_get("/workers", self.workers)  # what upstream's abort() asks after a rollout
+        app.router.add_get("/workers", self.workers)  # what abort() asks after a rollout
         app.router.add_post("/abort_request", self.idle)
         app.router.add_get("/v1/loads", self.idle)
         self.handle = run_app_in_thread(app, host="127.0.0.1", port=0, thread_name="fake-sglang")
@@ -162,7 +180,7 @@ class FakeSGLang:
         payload = await request.json()
         self.requests.append(payload)
         ids = payload["input_ids"]
-        if not self.student:  # upstream's OPD reward_func: max_new_tokens 0, logprob_start_len 0
+        if not self.student:  # the OPD reward_func: max_new_tokens 0, logprob_start_len 0
             entries = [[None, ids[0], None]] + [
                 [lp, i, None] for lp, i in zip(self.model.token_logprobs(ids), ids[1:], strict=True)
             ]
@@ -176,21 +194,27 @@ class FakeSGLang:
         meta |= {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(reply)}
         if payload["sampling_params"].get("custom_params", {}).get("return_top_p_token_ids"):  # --rollout-top-p < 1
             meta |= {"top_p_token_ids": reply, "top_p_token_offsets": list(range(len(reply) + 1))}
+        if payload.get("return_routed_experts"):  # int32 (tokens - 1, layers, top-k), experts 1..7, base64
+            rows = [[[1 + (t + k) % 7 for k in range(TOPK)]] * LAYERS for t in (ids + reply)[:-1]]
+            routed = torch.tensor(rows, dtype=torch.int32).numpy().tobytes()
+            meta["routed_experts"] = base64.b64encode(routed).decode()
         return web.json_response({"text": self.tokenizer.decode(reply), "output_ids": reply, "meta_info": meta})
 
 
 @pytest.fixture(scope="module")
-def hf_checkpoint(tmp_path_factory):
-    """Character-level ChatML tokenizer, ``<think>`` an added non-special token as in Qwen3, saved for upstream's
+def hf_checkpoint(slime_code, tmp_path_factory):
+    """Character-level ChatML tokenizer, ``<think>`` an added non-special token as in Qwen3, saved for slime's
     ``load_tokenizer(args.hf_checkpoint)``."""
     chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
     vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = decoders.Fuse()
+    code = slime_code  # the tokenizers and transformers classes are imported there
+    core = code.Tokenizer(code.models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    core.pre_tokenizer = code.pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = code.decoders.Fuse()
     special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>"]}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, **special)
-    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    tokenizer = code.PreTrainedTokenizerFast(tokenizer_object=core, **special)
+    think = [code.AddedToken(text, special=False) for text in ("<think>", "</think>")]
+    tokenizer.add_tokens(think)
     tokenizer.chat_template = CHAT_TEMPLATE
     path = tmp_path_factory.mktemp("hf_checkpoint")
     tokenizer.save_pretrained(path)
@@ -198,21 +222,21 @@ def hf_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def servers(hf_checkpoint):
+def servers(slime_code, hf_checkpoint):
     _, tokenizer = hf_checkpoint
-    student = FakeSGLang(tokenizer, TinyLM(len(tokenizer), seed=1), student=True)
-    teacher = FakeSGLang(tokenizer, TinyLM(len(tokenizer), seed=2), student=False)
+    student = FakeSGLang(slime_code.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=1), student=True)
+    teacher = FakeSGLang(slime_code.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=2), student=False)
     yield student, teacher
     student.handle.stop()
     teacher.handle.stop()
 
 
-def upstream_args(monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, top_p):
-    """The run's args as upstream parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
+def run_args(code, monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, top_p, env=GRIDNAV, extra=""):
+    """The run's args as slime parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
     (nor its HF config check); this test converts the samples and computes the advantages itself."""
-    rows = task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4)
+    rows = list(code.task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
+    rows[1]["metadata"]["broken"] = True  # only FAILING_ENV reads it
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    env = "examples.multi_turn_tcod.envs.gridnav"
     config = {"max_turns": 8, "max_turn_response_len": 128, "rollout_interaction_env_path": env}
     (tmp_path / "tcod.yaml").write_text(yaml.safe_dump(config))
     argv = f"""train.py --debug-rollout-only --hf-checkpoint {hf_checkpoint}
@@ -223,36 +247,34 @@ def upstream_args(monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, 
         --custom-config-path {tmp_path}/tcod.yaml --use-opd --opd-type sglang --opd-kl-coef {OPD_KL_COEF}
         --custom-rm-path slime.rollout.on_policy_distillation.reward_func --rm-url {teacher.url}/generate
         --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
-        --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1 --rollout-top-p {top_p}"""
+        --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1 --rollout-top-p {top_p} {extra}"""
     monkeypatch.setattr(sys, "argv", argv.split())
-    return parse_args()
-
-
-_RolloutManager = RolloutManager.__ray_actor_class__  # the class under @ray.remote
+    return code.parse_args()
 
 
 class RolloutManagerState:
-    """What ``RolloutManager.__init__`` sets up for these methods, without Ray or engines; the methods are upstream's."""
+    """What ``RolloutManager.__init__`` sets up for these methods, without Ray or engines; the methods are slime's."""
 
-    _get_rollout_data = _RolloutManager._get_rollout_data
-    _post_process_rewards = _RolloutManager._post_process_rewards
-    _convert_samples_to_train_data = _RolloutManager._convert_samples_to_train_data
-
-    def __init__(self, args):
-        self.args = args
-        init_http_client(args)
-        self.data_source = load_function(args.data_source_path)(args)
-        self.generate_rollout = load_function(args.rollout_function_path)
-        self.custom_reward_post_process_func = load_function(args.custom_reward_post_process_path)
+    def __init__(self, code, args):
+        manager = code.RolloutManager.__ray_actor_class__  # the class under @ray.remote
+        self.code, self.args = code, args
+        self._get_rollout_data = manager._get_rollout_data.__get__(self)
+        self._post_process_rewards = manager._post_process_rewards.__get__(self)
+        self._convert_samples_to_train_data = manager._convert_samples_to_train_data.__get__(self)
+        code.init_http_client(args)
+        code.GenerateState.clear_instances()  # the singleton keeps the args it was first built with
+        self.data_source = code.load_function(args.data_source_path)(args)
+        self.generate_rollout = code.load_function(args.rollout_function_path)
+        self.custom_reward_post_process_func = code.load_function(args.custom_reward_post_process_path)
         self.custom_convert_samples_to_train_data_func = None
 
     def train_data(self, rollout_id: int):
         """One rollout as ``RolloutManager.generate`` makes it, then the trainer's advantages."""
-        set_current_rollout_id(rollout_id)
+        self.code.set_current_rollout_id(rollout_id)
         samples, _ = self._get_rollout_data(rollout_id=rollout_id)
         data = self._convert_samples_to_train_data(samples)
-        tensorize_rollout_data_for_training(data)  # what _split_train_data_by_dp ships to the trainer
-        loss.compute_advantages_and_returns(self.args, data)
+        self.code.tensorize_rollout_data_for_training(data)  # what _split_train_data_by_dp ships to the trainer
+        self.code.loss.compute_advantages_and_returns(self.args, data)
         return samples, data
 
 
@@ -264,14 +286,13 @@ def mask_runs(tokenizer, sample) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("mode,top_p", [("f2b", 1.0), ("b2f", 1.0), ("b2f", 0.9)])
-def test_tcod_curriculum_trains_pure_opd_through_upstream_rollout(
-    monkeypatch, tmp_path, hf_checkpoint, servers, mode, top_p
+def test_tcod_curriculum_trains_pure_opd_through_slime_rollout(
+    slime_code, monkeypatch, tmp_path, hf_checkpoint, servers, mode, top_p
 ):
     path, tokenizer = hf_checkpoint
     student, teacher = servers
-    monkeypatch.setattr(loss, "mpu", SINGLE_RANK_MPU)  # one rank, also where a real Megatron is installed
-    GenerateState.clear_instances()  # the singleton keeps the args it was first built with
-    manager = RolloutManagerState(upstream_args(monkeypatch, tmp_path, path, student, teacher, mode, top_p))
+    args = run_args(slime_code, monkeypatch, tmp_path, path, student, teacher, mode, top_p)
+    manager = RolloutManagerState(slime_code, args)
     for rollout_id in ROLLOUT_IDS:
         student.requests.clear()
         teacher.requests.clear()
@@ -307,10 +328,28 @@ def test_tcod_curriculum_trains_pure_opd_through_upstream_rollout(
             mask = data["loss_masks"][i].float()
             torch.testing.assert_close(data["teacher_log_probs"][i], teacher_lp)
             torch.testing.assert_close(data["rollout_log_probs"][i], student_lp * mask)
-            # Upstream leaves masked positions to the loss mask: the policy loss weights advantages by it.
+            # Masked positions are left to the loss mask: the policy loss weights advantages by it.
             torch.testing.assert_close(
                 data["advantages"][i] * mask, -OPD_KL_COEF * (student_lp - teacher_lp) * mask, rtol=1e-5, atol=1e-5
             )
+
+
+def test_routing_replay_converts_a_batch_with_a_failed_episode(slime_code, monkeypatch, tmp_path, hf_checkpoint, servers):
+    path, _ = hf_checkpoint
+    student, teacher = servers
+    (tmp_path / "failing_env.py").write_text(FAILING_ENV)
+    routing = f"--use-rollout-routing-replay --num-layers {LAYERS} --moe-router-topk {TOPK}"
+    env = str(tmp_path / "failing_env.py")
+    args = run_args(slime_code, monkeypatch, tmp_path, path, student, teacher, "b2f", 1.0, env=env, extra=routing)
+    manager = RolloutManagerState(slime_code, args)
+
+    samples, data = manager.train_data(0)  # includes the R3 check of every sample's routing
+
+    failed = [i for i, sample in enumerate(samples) if sample.metadata["outcome"] == "env_error"]
+    assert failed and not samples[0].remove_sample  # the first sample sets the batch's routing fields
+    for i, sample in enumerate(samples):
+        assert data["rollout_routed_experts"][i].shape == (len(sample.tokens) - 1, LAYERS, TOPK)
+        assert sample.remove_sample == (i in failed) and (data["loss_masks"][i].sum() == 0) == (i in failed)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The multi-turn TCOD agent loop on a scripted engine, with Qwen3-style thinking replies (CPU)."""
+"""TCOD's curriculum and the multi-turn agent loop on a scripted engine, with Qwen3-style thinking replies (CPU)."""
 
 import argparse
 import asyncio
@@ -7,6 +7,7 @@ import string
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from slime.rollout import sample_hooks  # noqa: E402
+from slime.rollout.tcod import b2f_prefix_length, curriculum_depth, episode_plan  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 NUM_GPUS = 0
@@ -36,6 +38,40 @@ QWEN3_LIKE_TEMPLATE = (
     "{% endif %}"
 )
 THINK = "<think>\nThe goal is further along; one step closer.\n</think>\n\n"
+
+
+def tcod_args(**overrides):
+    """args after slime_validate_args: --use-tcod with its defaults filled, max_turns from the YAML."""
+    values = dict(use_tcod=True, tcod_mode="f2b", tcod_k_start=1, tcod_eta=3, tcod_k_max=4, max_turns=10)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def test_depth_grows_every_eta_steps_up_to_k_max():
+    assert [curriculum_depth(n, 1, 3, 4) for n in range(14)] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 4, 4]
+    assert curriculum_depth(0, 2, 5, 9) == 2
+
+
+def test_b2f_prefix_is_expert_length_minus_depth():
+    assert [b2f_prefix_length(5, curriculum_depth(n, 1, 2, 10)) for n in range(10)] == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0]
+    assert b2f_prefix_length(None, 2) == 0  # no expert actions: the whole episode
+
+
+@pytest.mark.parametrize("step,k_start,eta,k_max", [(-1, 1, 1, 1), (0, 0, 1, 1), (0, 1, 0, 1), (0, 3, 1, 2)])
+def test_schedule_rejects_bad_parameters(step, k_start, eta, k_max):
+    with pytest.raises(ValueError):
+        curriculum_depth(step, k_start, eta, k_max)
+
+
+def test_evaluation_and_vanilla_opd_play_full_episodes():
+    full = {"mode": "full", "max_student_turns": 10, "step": 5}
+    assert episode_plan(tcod_args(), 5, evaluation=True) == full
+    assert episode_plan(tcod_args(use_tcod=False), 5) == full
+
+
+def test_training_needs_the_current_rollout_id():
+    with pytest.raises(RuntimeError, match="rollout id"):
+        episode_plan(tcod_args(), None)
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +98,21 @@ class ScriptedEngine:
     """Answers /generate with scripted replies, cut at ``max_new_tokens`` as SGLang cuts them."""
 
     def __init__(self, tokenizer, policy):
-        self.tokenizer, self.policy, self.requests = tokenizer, policy, []
+        self.tokenizer, self.policy, self.requests, self.headers = tokenizer, policy, [], []
 
     async def post(self, url, payload, max_retries=60, headers=None):
         self.requests.append(dict(payload, input_ids=list(payload["input_ids"])))  # the loop grows its list
+        self.headers.append(headers)
         reply = self.policy(len(self.requests) - 1)
         if reply is None:
             return {"text": "", "meta_info": {"finish_reason": {"type": "abort"}, "output_token_logprobs": []}}
-        end = [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        ids = self.tokenizer.encode(reply, add_special_tokens=False) + end
+        ids = self.tokenizer.encode(reply, add_special_tokens=False)
+        if not reply.endswith(self.tokenizer.pad_token):  # a reply may also stop on <|endoftext|>, another EOS
+            ids.append(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         limit = payload["sampling_params"]["max_new_tokens"]
-        finish = "length" if len(ids) > limit else "stop"
+        finish = {"type": "length"} if len(ids) > limit else {"type": "stop", "matched": ids[-1]}
         ids = ids[:limit]
-        meta = {"finish_reason": {"type": finish}, "output_token_logprobs": [[-0.5, i, None] for i in ids]}
+        meta = {"finish_reason": finish, "output_token_logprobs": [[-0.5, i, None] for i in ids]}
         if payload.get("return_routed_experts"):  # as SGLang: base64 int32, a row per token but the last
             rows = [[t % 8, (t + 1) % 8] * 2 for t in payload["input_ids"] + ids[:-1]]
             meta["routed_experts"] = base64.b64encode(np.asarray(rows, dtype=np.int32).tobytes()).decode()
@@ -93,6 +131,7 @@ def make_args(**overrides):
         sglang_router_ip="127.0.0.1",
         sglang_router_port=1,
         partial_rollout=False,
+        apply_chat_template=False,
         apply_chat_template_kwargs={},
         use_opd=True,
         opd_type="sglang",
@@ -113,13 +152,13 @@ def tasks():
     return list(task_rows("gridnav", 3, seed=0, params={"size": 5}, min_len=4, max_len=8))
 
 
-def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000, state=None):
+def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000, state=None, **fields):
     engine = ScriptedEngine(tokenizer, policy)
     state = state or FakeState(tokenizer)
     monkeypatch.setattr(rollout, "post", engine.post)
     monkeypatch.setattr(rollout, "GenerateState", lambda args: state)
     sample_hooks.set_current_rollout_id(step)
-    sample = Sample(index=0, prompt=row["input"], label=row["label"], metadata=dict(row["metadata"]))
+    sample = Sample(index=0, prompt=row["input"], label=row["label"], metadata=dict(row["metadata"]), **fields)
     params = {"temperature": 1.0, "max_new_tokens": max_new_tokens}
     return asyncio.run(rollout.generate(args, sample, params, evaluation)), engine
 
@@ -158,19 +197,6 @@ def test_turn_cut_mid_thought_is_closed_masked_and_keeps_routed_experts(monkeypa
     assert torch.as_tensor(sample.rollout_routed_experts).tolist() == expected
 
 
-def test_the_example_budget_lets_a_thinking_turn_finish(monkeypatch, tokenizer, tasks):
-    import yaml
-
-    config = yaml.safe_load((REPO_ROOT / "examples/multi_turn_tcod/multi_turn_tcod_config.yaml").read_text())
-    row = tasks[0]
-    moves = row["metadata"]["expert_actions"]
-    thought = "<think>\n" + "Compare my position with the goal, check the walls around me. " * 10 + "\n</think>\n\n"
-    args = make_args(use_tcod=False, **config)
-    sample, _ = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: thought + moves[i])
-    assert len(tokenizer.encode(thought)) > 512  # longer than the official 512-token turns
-    assert sample.metadata["turns_without_stop"] == 0 and sample.metadata["success"]
-
-
 def test_non_thinking_mode_goes_through_the_chat_template_kwargs(monkeypatch, tokenizer, tasks):
     args = make_args(use_tcod=False, max_turns=2, apply_chat_template_kwargs={"enable_thinking": False})
     sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "noop")
@@ -185,7 +211,7 @@ def test_f2b_plays_exactly_the_step_depth(monkeypatch, tokenizer, tasks):
     assert sample.metadata["episode_plan"] == {"mode": "f2b", "depth": 3, "max_student_turns": 3, "step": 4}
     assert trained_text(tokenizer, sample) == (THINK + "noop<|im_end|>") * 3  # observations are masked
     assert len(sample.rollout_log_probs) == len(sample.loss_mask) == sample.response_length
-    assert sample.reward is None  # the teacher's reward_func runs next, as upstream's OPD expects
+    assert sample.reward is None  # the teacher's reward_func runs next, as the OPD reward hooks expect
 
 
 def test_b2f_replays_the_expert_prefix_untrained(monkeypatch, tokenizer, tasks):
@@ -236,7 +262,7 @@ def test_no_request_once_the_rollout_is_aborted_during_an_env_step(monkeypatch, 
     state = FakeState(tokenizer)
     real_step = gridnav_module.GridNavEnv.step
 
-    def step_then_abort(self, response_text):  # upstream's abort() lands while the env is stepping
+    def step_then_abort(self, response_text):  # abort() lands while the env is stepping
         state.aborted = True
         return real_step(self, response_text)
 
@@ -285,40 +311,54 @@ def test_environment_calls_leave_the_event_loop_unless_the_env_does_not_block(mo
     assert threads == [False, True]  # a worker thread, then the event loop's own
 
 
-def test_a_reset_without_observation_starts_from_the_sample_prompt(monkeypatch, tokenizer, tasks):
+@pytest.mark.parametrize("apply_chat_template", [False, True])
+def test_a_reset_without_observation_starts_from_the_sample_prompt(monkeypatch, tokenizer, tasks, apply_chat_template):
     real_reset = gridnav_module.GridNavEnv.reset
-
-    def reset_to_nothing(self):  # upstream's geo3k env resets to ({}, info)
-        real_reset(self)
-        return {}, {}
-
-    monkeypatch.setattr(gridnav_module.GridNavEnv, "reset", reset_to_nothing)
-    row = dict(tasks[0], input="Walk to the goal.")
-    sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False, max_turns=1), row, 0, lambda i: "up")
-    assert (
-        tokenizer.decode(engine.requests[0]["input_ids"])
-        == "<|im_start|>user\nWalk to the goal.<|im_end|>\n<|im_start|>assistant\n"
-    )
+    monkeypatch.setattr(gridnav_module.GridNavEnv, "reset", lambda self: (real_reset(self), ({}, {}))[1])  # as geo3k
+    rendered = "<|im_start|>user\nWalk to the goal.<|im_end|>\n<|im_start|>assistant\n"
+    # With --apply-chat-template the dataset holds the rendered prompt: it is not templated a second time.
+    row = dict(tasks[0], input=rendered if apply_chat_template else "Walk to the goal.")
+    args = make_args(use_tcod=False, max_turns=1, apply_chat_template=apply_chat_template)
+    sample, engine = play(monkeypatch, tokenizer, args, row, 0, lambda i: "up")
+    assert tokenizer.decode(engine.requests[0]["input_ids"]) == rendered
+    assert sample.metadata["outcome"] != "env_error"
 
 
-def test_environment_contract(tasks):
-    row = tasks[0]
-    env = build_env(sample=Sample(metadata=dict(row["metadata"])), args=None)
-    observation, _ = env.reset()
-    assert observation == row["input"]
-    assert env.format_observation("x") == {"role": "user", "content": "x"}
-    done, info = False, {}
-    for action in env.expert_actions():
-        observation, done, info = env.step(THINK + action)
-        assert isinstance(observation, str) and isinstance(info["reward"], float)
-    assert done and info["success"]
-    env.close()
+def test_episode_turns_carry_the_session_routing_key(monkeypatch, tokenizer, tasks):
+    moves = tasks[0]["metadata"]["expert_actions"]
+    args = make_args(use_tcod=False, router_policy="consistent_hashing")
+    _, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: moves[i], session_id="episode-7")
+    assert engine.headers == [{"X-SMG-Routing-Key": "episode-7"}] * len(moves)
+    _, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False), tasks[0], 0, lambda i: moves[i])
+    assert engine.headers == [None] * len(moves)  # other router policies route by load
+
+
+def test_a_reply_ending_on_another_eos_is_a_finished_turn(monkeypatch, tokenizer, tasks):
+    moves = tasks[0]["metadata"]["expert_actions"]
+    args = make_args(use_tcod=False)
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: THINK + moves[i] + "<|endoftext|>")
+    assert sample.metadata["success"] and sample.metadata["turns_without_stop"] == 0
+    eos, stop = tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")
+    response = sample.tokens[len(sample.tokens) - sample.response_length :]
+    end = sample.metadata["turn_spans"][0][1]
+    assert response[end - 1 : end + 1] == [eos, stop] and sample.loss_mask[end - 1 : end + 1] == [1, 0]
+
+
+def test_routing_of_a_failed_episode_passes_the_replay_check(monkeypatch, tokenizer, tasks):
+    """Removed samples stay in the batch: under routing replay each needs a full, non-zero capture."""
+    broken = dict(tasks[0], metadata={**tasks[0]["metadata"], "size": 99})
+    args = make_args(use_rollout_routing_replay=True, num_layers=3, moe_router_topk=2)
+    sample, engine = play(monkeypatch, tokenizer, args, broken, step=0, policy=lambda i: "noop")
+    assert sample.remove_sample and not engine.requests
+    routed = torch.as_tensor(sample.rollout_routed_experts)
+    assert routed.shape == (len(sample.tokens) - 1, 3, 2)
+    assert all(torch.count_nonzero(routed[:, layer, :]) for layer in range(3))
 
 
 def test_rollout_log_hook_metrics_and_ci_checks(monkeypatch, tokenizer, tasks):
     args = make_args(ci_test=True)
     sample, _ = play(monkeypatch, tokenizer, args, tasks[0], step=2, policy=lambda i: "noop")  # depth 2
-    teacher = [-0.25] * sample.response_length  # the teacher's reply, as upstream logs it before post-processing
+    teacher = [-0.25] * sample.response_length  # the teacher's reply, as logged before post-processing
     sample.reward = {"meta_info": {"input_token_logprobs": [[None, 0, None]] + [[t, 0, None] for t in teacher]}}
     extra = {}
     assert metrics.log_rollout_data(2, args, [[sample]], extra, 0.0) is False

@@ -29,7 +29,7 @@ def test_larger_k_start():
 
 @pytest.mark.parametrize("step,prefix", [(0, 11), (4, 11), (5, 10), (27, 6), (50, 1), (54, 1), (55, 0), (200, 0)])
 def test_b2f_prefix_table_for_expert_length_12(step, prefix):
-    assert b2f_prefix_length(step, 12, k_start=1, eta=5, k_max=30) == prefix
+    assert b2f_prefix_length(12, curriculum_depth(step, k_start=1, eta=5, k_max=30)) == prefix
 
 
 @pytest.mark.parametrize("eta", [5, 6])
@@ -37,12 +37,12 @@ def test_b2f_prefix_table_for_expert_length_12(step, prefix):
 def test_b2f_prefix_matches_official_formula(eta, expert_len):
     # Official code: prefix = max(0, (L_exp - 1) - n // eta) (k_start = 1; here L_exp <= k_max).
     for n in range(250):
-        assert b2f_prefix_length(n, expert_len, 1, eta, 30) == max(0, (expert_len - 1) - n // eta)
+        assert b2f_prefix_length(expert_len, curriculum_depth(n, 1, eta, 30)) == max(0, (expert_len - 1) - n // eta)
 
 
 @pytest.mark.parametrize("expert_len", [None, 0])
 def test_no_expert_actions_means_full_episode(expert_len):
-    assert b2f_prefix_length(0, expert_len, 1, 5, 30) == 0
+    assert b2f_prefix_length(expert_len, 1) == 0
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -57,8 +57,6 @@ def test_bad_inputs_raise(kw, match):
     params.update(kw)
     with pytest.raises(ValueError, match=match):
         curriculum_depth(**params)
-    with pytest.raises(ValueError, match=match):
-        b2f_prefix_length(expert_len=12, **params)
 
 
 # ---------------------------------------------------------------------------- episode plans

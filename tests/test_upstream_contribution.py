@@ -295,7 +295,7 @@ def test_spliced_group_parses_as_the_runtime_does():
     ours = namespace["add_tcod_arguments"](argparse.ArgumentParser()).parse_args([])
     runtime = add_tcod_arguments(argparse.ArgumentParser()).parse_args([])
     assert vars(ours) == vars(runtime) == {
-        "use_tcod": False, "tcod_mode": "f2b", "tcod_k_start": 1, "tcod_eta": None, "tcod_k_max": None}
+        "use_tcod": False, "tcod_mode": None, "tcod_k_start": None, "tcod_eta": None, "tcod_k_max": None}
 
 
 UPSTREAM_MIRROR = Path(os.environ.get("SLIME_UPSTREAM_GIT", "/work/.mirror/THUDM+slime/repo"))

@@ -15,12 +15,9 @@ block). ``obs_t`` starts with "\\n" because ChatML ends every message with ``<|i
 student stops at ``<|im_end|>``.
 """
 
-import weakref
-
 IM_END = "<|im_end|>"
 # Rendered before an observation and cut off again: the template's text for one user message alone.
 _DUMMY = [{"role": "user", "content": "x"}]
-_HEADS = weakref.WeakKeyDictionary()  # tokenizer -> {kwargs: (chat_template, rendered _DUMMY)}
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -44,25 +41,12 @@ def encode_prompt(tokenizer, prompt, chat_template_kwargs: dict | None = None) -
     return _ids(tokenizer, text)
 
 
-def _dummy_head(tokenizer, kwargs: dict) -> str:
-    """The template's text for ``_DUMMY`` alone, rendered once per tokenizer, template and kwargs."""
-    try:
-        key = tuple(sorted(kwargs.items()))
-        cache = _HEADS.setdefault(tokenizer, {})
-        template, head = cache.get(key, (None, None))
-    except TypeError:  # unhashable kwargs (or tokenizer): render every time
-        return tokenizer.apply_chat_template(_DUMMY, tokenize=False, add_generation_prompt=False, **kwargs)
-    if head is None or template != tokenizer.chat_template:
-        head = tokenizer.apply_chat_template(_DUMMY, tokenize=False, add_generation_prompt=False, **kwargs)
-        cache[key] = (tokenizer.chat_template, head)
-    return head
-
-
 def observation_text(tokenizer, message: dict, chat_template_kwargs: dict | None = None) -> str:
     """The non-trainable text between two student turns: ``message`` rendered by the chat template."""
     kwargs = chat_template_kwargs or {}
     full = tokenizer.apply_chat_template(_DUMMY + [message], tokenize=False, add_generation_prompt=True, **kwargs)
-    return "\n" + full[len(_dummy_head(tokenizer, kwargs)) :]
+    head = tokenizer.apply_chat_template(_DUMMY, tokenize=False, add_generation_prompt=False, **kwargs)
+    return "\n" + full[len(head) :]
 
 
 def encode_observation(tokenizer, message, chat_template_kwargs: dict | None = None) -> list[int]:

@@ -1,4 +1,4 @@
-"""Curriculum and KL metrics of multi-turn TCOD rollouts, through upstream's rollout-log hook.
+"""Curriculum and KL metrics of multi-turn TCOD rollouts, through slime's rollout-log hook.
 
 ``--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data`` adds the ``tcod/*``
 keys of docs/en/advanced/multi-turn-tcod.md ("Metrics") to the step's rollout metrics and returns False, so
@@ -13,7 +13,7 @@ from slime.rollout.tcod import curriculum_depth
 
 
 def _teacher_log_probs(sample) -> list[float] | None:
-    """The teacher's response-span log-probs: post-processed, or still in the reply upstream logs before that."""
+    """The teacher's response-span log-probs: post-processed, or still in the reply logged before that."""
     if sample.teacher_log_probs is not None:
         return [float(x) for x in sample.teacher_log_probs]
     reply = sample.reward
@@ -94,7 +94,7 @@ def _flatten(samples):
 
 
 def log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool:
-    """Upstream's ``--custom-rollout-log-function-path`` hook; returns False to keep the default logging."""
+    """slime's ``--custom-rollout-log-function-path`` hook; returns False to keep the default logging."""
     samples = list(_flatten(samples))
     metrics = rollout_metrics(args, samples)
     if getattr(args, "ci_test", False):

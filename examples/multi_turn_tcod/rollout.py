@@ -2,22 +2,15 @@
 
 ``--custom-generate-function-path examples.multi_turn_tcod.rollout.generate``; ``max_turns``,
 ``max_turn_response_len``, ``rollout_interaction_env_path`` and ``env_step_timeout`` come from the
-``--custom-config-path`` YAML. The environment module exposes ``build_env(sample, args)`` (upstream's
-contract, ``examples/geo3k_vlm_multi_turn``).
+``--custom-config-path`` YAML. The environment module exposes ``build_env(sample, args)`` (the contract
+of ``examples/geo3k_vlm_multi_turn``).
 
-Token in, token out: the sequence grows only by the engine's sampled ids (trainable, with their
-log-probs and ``meta_info``) and encoded observations (masked). The episode follows
-``slime.rollout.tcod.episode_plan`` for the current rollout id: ``full`` plays up to ``max_turns``,
-``f2b`` stops after ``depth`` student turns, ``b2f`` first replays ``max(0, L - depth)`` expert turns
-into the masked part, then the student plays to the end. ``metadata["outcome"]`` is one of done, cut,
-max_turns, context_full, replay_finished, aborted, env_error.
-
-The environment gets each turn's text (``<think>`` included), also of a turn cut by its token budget,
-which a masked ``<|im_end|>`` closes before the next observation (a last turn stays as the engine routed it). Episodes that must
-not train (the environment failed, a B2F replay finished the task) get ``remove_sample = True``. In
-training the loop trains pure OPD: ``sample.reward`` is left ``None`` for the teacher's reward model
-(``--opd-type sglang``) or set to 0.0 (``--opd-type megatron``); the environment's return is kept in
-``metadata["task_reward"]`` and logged by ``metrics.py``.
+Token in, token out: the sequence grows only by the engine's sampled ids (trainable) and encoded
+observations (masked), following ``slime.rollout.tcod.episode_plan`` for the current rollout id.
+``metadata["outcome"]`` is one of done, cut, max_turns, context_full, replay_finished, aborted, env_error;
+episodes that must not train (the environment failed, a B2F replay finished the task) get
+``remove_sample = True``. Training is pure OPD: ``sample.reward`` is ``None`` for the teacher's reward
+model (``--opd-type sglang``) or 0.0 (``--opd-type megatron``); the return is ``metadata["task_reward"]``.
 """
 
 import asyncio
@@ -29,11 +22,12 @@ import numbers
 import sys
 from pathlib import Path
 
+import torch
 from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt, turn_stop_id
 
 from slime.rollout.sample_hooks import get_current_rollout_id
 from slime.rollout.sglang_rollout import GenerateState
-from slime.rollout.tcod import episode_plan
+from slime.rollout.tcod import b2f_prefix_length, episode_plan
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
 
@@ -56,10 +50,7 @@ async def in_thread(timeout: float, fn, *call_args, env=None):
     """
     if not getattr(env, "blocking", True):
         return fn(*call_args)
-    if sys.version_info < (3, 11):
-        return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
-    async with asyncio.timeout(timeout):  # wait_for's body from Python 3.12; 3.11's wait_for adds a task a call
-        return await asyncio.to_thread(fn, *call_args)
+    return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
 
 
 def load_env_module(path: str):
@@ -159,17 +150,26 @@ class Episode:
         payload = {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True}
         if getattr(self.args, "use_rollout_routing_replay", False):
             payload["return_routed_experts"] = True
-        output = await post(self.url, payload)
+        headers = None  # keep an episode's turns on one engine, and its prefix cache, as generate() does
+        if self.sample.session_id and getattr(self.args, "router_policy", None) == "consistent_hashing":
+            headers = {"X-SMG-Routing-Key": self.sample.session_id}
+        output = await post(self.url, payload, headers=headers)
         meta_info = output["meta_info"]
-        if meta_info["finish_reason"]["type"] == "abort":
+        finish = meta_info["finish_reason"]
+        if finish["type"] == "abort":
             return None
         entries = meta_info.get("output_token_logprobs") or []
         ids, log_probs = [item[1] for item in entries], [item[0] for item in entries]
         start = self.sample.response_length
         self.sample.append_response_tokens(self.args, tokens=ids, log_probs=log_probs, meta_info=meta_info)
-        self.open_turn = not ids or ids[-1] != self.stop_id  # cut by the turn's budget
-        self.turns_without_stop += self.open_turn
+        # A reply stopped on another EOS id (Qwen3 also stops on <|endoftext|>) ended its turn; it still
+        # needs the masked <|im_end|> that closes an assistant message before the next observation.
+        stopped = finish["type"] == "stop" and bool(ids)
+        self.open_turn = not ids or ids[-1] != self.stop_id
+        self.turns_without_stop += not stopped  # cut by the turn's budget
         self.turn_spans.append([start, start + len(ids)])
+        if stopped and ids[-1] != self.stop_id and finish.get("matched") == ids[-1]:
+            ids = ids[:-1]  # the environment reads the action, not the EOS token
         return self.tokenizer.decode([i for i in ids if i != self.stop_id])
 
 
@@ -184,7 +184,7 @@ async def replay_expert_prefix(ep: Episode, plan: dict):
         actions = await ep.env_call(ep.env.expert_actions)
     if not actions:  # no expert path: the student plays the whole episode
         ep.sample.metadata["prefix_fallback"] = True
-    prefix = max(0, len(actions or []) - int(plan["depth"]))
+    prefix = b2f_prefix_length(len(actions or []), plan["depth"])
     if prefix:
         ep.sample.metadata["prefix_source"] = "expert"
     for i in range(prefix):
@@ -209,11 +209,11 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
         raise EnvironmentFault("build_env(sample, args) returned None")
     observation = await ep.env_call(ep.env.reset)
     observation = observation[0] if isinstance(observation, tuple) else observation
-    if not observation:  # upstream's geo3k env resets to ({}, info): the task is sample.prompt
-        observation = sample.prompt
-    elif not isinstance(observation, str):
-        observation = [ep.message(observation)]
-    sample.tokens = encode_prompt(ep.tokenizer, observation, ep.template_kwargs)
+    if not observation:  # geo3k's env resets to ({}, info): the task is sample.prompt
+        sample.tokens = prompt_ids(ep)
+    else:
+        observation = observation if isinstance(observation, str) else [ep.message(observation)]
+        sample.tokens = encode_prompt(ep.tokenizer, observation, ep.template_kwargs)
     sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
     if getattr(ep.args, "rollout_top_p", 1.0) != 1.0:  # top-p spans from the start: B2F's prefix is masked
         sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = [], [0]
@@ -238,6 +238,25 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
         if turn + 1 < turns and not ep.append_observation(observation):
             return "context_full"
     return "cut" if plan["mode"] == "f2b" else "max_turns"
+
+
+def prompt_ids(ep: Episode) -> list[int]:
+    """``sample.prompt`` as ids; with ``--apply-chat-template`` the dataset has rendered it already."""
+    if ep.args.apply_chat_template and isinstance(ep.sample.prompt, str):
+        return ep.tokenizer.encode(ep.sample.prompt, add_special_tokens=False)
+    return encode_prompt(ep.tokenizer, ep.sample.prompt, ep.template_kwargs)
+
+
+def fill_routed_experts(args, sample: Sample) -> None:
+    """Placeholder experts 0..topk-1 for tokens the engine never routed (a removed episode's prompt): routing
+    replay converts removed samples too and rejects a missing or all-zero capture; loss mask 0 never trains them."""
+    rows = len(sample.tokens) - 1
+    routed = sample.rollout_routed_experts
+    routed = torch.as_tensor(routed if routed is not None else torch.empty(0, args.num_layers, args.moe_router_topk))
+    if routed.shape[0] < rows:
+        experts = torch.arange(args.moe_router_topk, dtype=torch.int32).expand(args.num_layers, -1)
+        pad = experts.expand(rows - routed.shape[0], -1, -1)
+        sample.rollout_routed_experts = torch.cat([routed.to(torch.int32), pad])
 
 
 STATUS = {
@@ -273,9 +292,11 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     if outcome in ("env_error", "replay_finished") or not any(sample.loss_mask or []):
         sample.remove_sample = True
         if not sample.tokens:
-            sample.tokens = encode_prompt(ep.tokenizer, sample.prompt, ep.template_kwargs)
+            sample.tokens = prompt_ids(ep)
         if sample.response_length == 0:  # trainers need a response span
             sample.append_response_tokens(args, tokens=[ep.stop_id], trainable=False)
+    if getattr(args, "use_rollout_routing_replay", False):
+        fill_routed_experts(args, sample)
     sample.response = ep.tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length :])
     sample.metadata.update(
         task_reward=ep.total_reward,
@@ -289,7 +310,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     sample.metadata.setdefault("prefix_turns", 0)
     if evaluation or not args.use_opd:
         sample.reward = ep.total_reward
-    else:  # pure OPD: the teacher server's reply (upstream's OPD reward_func fills it) or nothing to train
+    else:  # pure OPD: the teacher server's reply (the OPD reward_func fills it) or nothing to train
         sample.reward = None if args.opd_type == "sglang" else 0.0
     return sample
 

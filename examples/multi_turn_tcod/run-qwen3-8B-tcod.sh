@@ -1,16 +1,9 @@
 #!/bin/bash
 
-# TCOD (temporal curriculum on-policy distillation, arXiv:2604.24005) on the built-in gridnav tasks:
-# Qwen3-8B student trained with Megatron, Qwen3-32B teacher on its own SGLang server. Both reason in
-# Qwen3's thinking mode (<think>...</think>, then the action), as the official TCOD code trains.
-#
-# usage: TCOD_MODE=f2b bash examples/multi_turn_tcod/run-qwen3-8B-tcod.sh
-#   TCOD_MODE  f2b (default: the student plays the first k turns) or b2f (expert actions replay the start,
-#              the student plays the last k turns); k grows by one every ETA rollout steps up to max_turns
-#   STUDENT, STUDENT_TORCH_DIST (tools/convert_hf_to_torch_dist.py), TEACHER, DATA, EVAL_DATA, SAVE: paths
+# TCOD (arXiv:2604.24005) on gridnav: Qwen3-8B student (Megatron), Qwen3-32B teacher on its own SGLang server,
+# both in Qwen3's thinking mode. Data, checkpoints and usage: README.md.
+#   TCOD_MODE  f2b (default) or b2f; STUDENT, STUDENT_TORCH_DIST, TEACHER, DATA, EVAL_DATA, SAVE: paths
 #   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
-# Data: python -m examples.multi_turn_tcod.envs.make_data (commands in README.md).
-# Non-thinking replies instead: add --apply-chat-template-kwargs '{"enable_thinking": false}' to ROLLOUT_ARGS.
 
 set -ex
 
@@ -30,9 +23,8 @@ SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 SLIME_DIR="$(cd -- "${SCRIPT_DIR}/../.." &>/dev/null && pwd)"
 cd "${SLIME_DIR}"
 
-# ETA as the official ALFWorld / ScienceWorld configs (github.com/kokolerk/TCOD, TCOD_examples/*/tcod_*.yaml:
-# F2B checkpoint_steps 6, B2F 5; kl coef 1, lr 1e-6, 16 tasks per step). k_max is the YAML's max_turns (12),
-# so the depth reaches 12 at step 66 (F2B) or 55 (B2F) of 96: the ramp spans about 70% of the run, as there.
+# ETA as the official ALFWorld / ScienceWorld configs (F2B checkpoint_steps 6, B2F 5): the depth reaches
+# max_turns (12) at step 66 (F2B) or 55 (B2F) of 96, about 70% of the run, as there.
 NUM_ROLLOUT=${NUM_ROLLOUT:-96}
 if [ "${TCOD_MODE}" = f2b ]; then ETA=${ETA:-6}; else ETA=${ETA:-5}; fi
 CUSTOM_CONFIG=examples/multi_turn_tcod/multi_turn_tcod_config.yaml
@@ -45,7 +37,8 @@ CUDA_VISIBLE_DEVICES=$(seq -s, ${TRAIN_GPUS} $((NUM_GPUS - 1))) python3 -m sglan
     --model-path "${TEACHER}" --host $TEACHER_IP --port $TEACHER_PORT --tp-size ${TEACHER_GPUS} \
     --chunked-prefill-size 4096 --mem-fraction-static 0.7 > "$LOG_FILE" 2>&1 &
 TEACHER_PID=$!
-trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT
+# On any exit, a failed `ray job submit` included: stop the teacher server and Ray.
+trap 'kill ${TEACHER_PID} 2>/dev/null || true; ray stop --force >/dev/null 2>&1 || true' EXIT
 until curl -sf http://$TEACHER_IP:$TEACHER_PORT/health_generate > /dev/null; do
     kill -0 ${TEACHER_PID} || { echo "teacher server exited, see $LOG_FILE" >&2; exit 1; }
     echo "Waiting for the teacher model server to start..."
@@ -186,5 +179,3 @@ ray job submit --address="http://127.0.0.1:8265" \
    "${SGLANG_ARGS[@]}" \
    "${MISC_ARGS[@]}" \
    "${RM_ARGS[@]}"
-
-ray stop --force

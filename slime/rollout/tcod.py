@@ -24,9 +24,8 @@ def curriculum_depth(step: int, k_start: int, eta: int, k_max: int) -> int:
     return min(k_start + step // eta, k_max)
 
 
-def b2f_prefix_length(step: int, expert_len: int | None, k_start: int, eta: int, k_max: int) -> int:
-    """Expert turns to replay before the student plays at ``step`` (0 without expert actions)."""
-    depth = curriculum_depth(step, k_start, eta, k_max)
+def b2f_prefix_length(expert_len: int | None, depth: int) -> int:
+    """Expert turns B2F replays before the student plays ``depth`` turns (0 without expert actions)."""
     return max(0, expert_len - depth) if expert_len else 0
 
 

@@ -35,6 +35,7 @@ import logging
 from examples.multi_turn_tcod.chat_layout import encode_prompt
 from examples.multi_turn_tcod.rollout import SEED_MODULUS, Episode, load_env_module, play_episode
 
+from slime.rollout.tcod import b2f_prefix_length
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
 
@@ -271,7 +272,7 @@ async def replay_teacher_prefix(ep: Episode, plan: dict):
     if not usable(record):
         sample.metadata["prefix_fallback"] = True
         return 0, None
-    prefix = max(0, record["length"] - int(plan["depth"]))
+    prefix = b2f_prefix_length(record["length"], plan["depth"])
     if sample.tokens != record["prompt_ids"]:
         record["replayable"] = False  # a different reset: the recorded actions may not even be legal
     live = not record["replayable"]

@@ -1,10 +1,10 @@
-"""The ``--tcod-*`` flags of TCOD's temporal curriculum and their validation: the text the PR adds to upstream.
+"""The ``--tcod-*`` flags of TCOD's temporal curriculum and their validation: the text the PR adds to slime.
 
-``tools/slime_pr/port.py`` splices both into upstream slime's ``slime/utils/arguments.py``:
-``add_tcod_arguments`` is re-indented into ``get_slime_extra_args_provider`` beside upstream's nested groups
-(registered after the on-policy-distillation group), and the body of ``validate_tcod_args`` is inlined into
-``slime_validate_args`` after the ``--custom-config-path`` YAML is applied (multi-turn examples set
-``max_turns`` there). So both are written in upstream's style; this runtime's parser calls the same two.
+``tools/slime_pr/port.py`` splices both into slime's ``slime/utils/arguments.py``: ``add_tcod_arguments``
+is re-indented into ``get_slime_extra_args_provider`` beside slime's nested groups (registered after the
+on-policy-distillation group), and the body of ``validate_tcod_args`` is inlined into ``slime_validate_args``
+after the ``--custom-config-path`` YAML is applied (multi-turn examples set ``max_turns`` there). So both
+are written in slime's style; this runtime's parser calls the same two.
 """
 
 
@@ -27,7 +27,7 @@ def add_tcod_arguments(parser):
         "--tcod-mode",
         type=str,
         choices=["f2b", "b2f"],
-        default="f2b",
+        default=None,
         help=(
             "'f2b': the student plays turns 1..k(n) from reset. "
             "'b2f': max(0, L - k(n)) expert turns are replayed first (L: the task's expert actions), "
@@ -37,7 +37,7 @@ def add_tcod_arguments(parser):
     parser.add_argument(
         "--tcod-k-start",
         type=int,
-        default=1,
+        default=None,
         help="TCOD curriculum depth at rollout 0. Default is 1.",
     )
     parser.add_argument(
@@ -56,8 +56,8 @@ def add_tcod_arguments(parser):
 
 
 def validate_tcod_args(args):
-    """Check the ``--tcod-*`` flags and fill ``tcod_k_max``; port.py inlines this body into slime_validate_args."""
-    # Validate TCOD arguments. getattr: upstream's tests validate hand-built args without the TCOD flags.
+    """Check the ``--tcod-*`` flags and fill their defaults; port.py inlines this body into slime_validate_args."""
+    # Validate TCOD arguments. getattr: args built by hand (tests, tools) may lack the TCOD flags.
     if getattr(args, "use_tcod", False):
         if not args.use_opd:
             raise ValueError("--use-tcod requires --use-opd: TCOD is a curriculum for on-policy distillation.")
@@ -66,6 +66,10 @@ def validate_tcod_args(args):
             raise ValueError("--use-tcod requires max_turns (a multi-turn rollout); set it in --custom-config-path.")
         if args.tcod_eta is None or args.tcod_eta < 1:
             raise ValueError("--tcod-eta must be specified and >= 1 when --use-tcod is enabled.")
+        if args.tcod_mode is None:
+            args.tcod_mode = "f2b"
+        if args.tcod_k_start is None:
+            args.tcod_k_start = 1
         if args.tcod_k_max is None:
             args.tcod_k_max = max_turns
         if not 1 <= args.tcod_k_start <= args.tcod_k_max <= max_turns:
@@ -73,5 +77,8 @@ def validate_tcod_args(args):
                 f"TCOD requires 1 <= --tcod-k-start ({args.tcod_k_start}) <= --tcod-k-max ({args.tcod_k_max}) "
                 f"<= max_turns ({max_turns})."
             )
-    elif getattr(args, "tcod_eta", None) is not None:
-        raise ValueError("--tcod-eta is set but --use-tcod is not enabled. Please add --use-tcod flag.")
+    else:
+        for name in ("tcod_mode", "tcod_k_start", "tcod_eta", "tcod_k_max"):
+            if getattr(args, name, None) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} is set but --use-tcod is not enabled. Please add --use-tcod flag.")

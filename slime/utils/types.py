@@ -66,6 +66,8 @@ class Sample:
     remove_sample: bool = False
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
+    # As in slime: sent as X-SMG-Routing-Key under --router-policy consistent_hashing (None here: one router).
+    session_id: str | None = None
 
     # ------------------------------------------------------------------ derived views
     @property

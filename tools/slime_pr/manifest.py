@@ -38,7 +38,7 @@ EXAMPLE_FILES = (
 # Tests that need no GPU (NUM_GPUS = 0): registered in upstream's `cpu-unittest` job, which runs each as
 # `python tests/FILE` on Python 3.10 without sglang or Megatron (tools/slime_pr/cpu_ci.py runs them so).
 CPU_TEST_FILES = (
-    "tests/test_tcod_curriculum.py",
+    "tests/test_tcod_arguments.py",
     "tests/test_tcod_rollout.py",
     "tests/test_tcod_e2e_cpu.py",
 )

@@ -34,14 +34,13 @@ RENDERED = ".github/workflows/pr-test.yml"
 GENERATOR = ".github/workflows/generate_github_workflows.py"
 ANCHOR = "{'test_file': 'test_qwen2.5_0.5B_opd_sglang.py', 'num_gpus': 8},"
 TEST_FILE = manifest.GPU_TEST_FILE.removeprefix("tests/")
-# (tcod mode, teacher type, GPUs): the sglang teacher serves on a GPU of its own beside the 2 the colocated
-# actor and engines train on; the Megatron teacher lives in the actor. The file's NUM_GPUS (3, read by
-# upstream's changed-tests job, which runs it without test_args) is the default configuration's.
+# (tcod mode, teacher type, GPUs): one entry per teacher mode, each mode of the curriculum once (upstream's OPD
+# has one GPU entry). The sglang teacher serves on a GPU of its own beside the 2 the colocated actor and engines
+# train on; the Megatron teacher lives in the actor. The file's NUM_GPUS (3, read by upstream's changed-tests
+# job, which runs it without test_args) is the default configuration's, the first here.
 GPU_CONFIGS = (
-    ("f2b", "sglang", 3),
-    ("f2b", "megatron", 2),
     ("b2f", "sglang", 3),
-    ("b2f", "megatron", 2),
+    ("f2b", "megatron", 2),
 )
 GPU_ENTRIES = tuple(
     f"{{'test_file': '{TEST_FILE}', 'test_args': '--tcod-mode {mode} --opd-type {opd}', 'num_gpus': {gpus}}},"

@@ -1,6 +1,6 @@
 """Pieces the environments share: reading the task from a sample, the action of a reply, the puzzle loop.
 
-Environments follow upstream slime's contract (``examples/geo3k_vlm_multi_turn``): ``build_env(sample,
+Environments follow the contract of ``examples/geo3k_vlm_multi_turn``: ``build_env(sample,
 args)`` returns an object with ``reset() -> (observation, info)``, ``step(response_text) ->
 (observation, done, info)`` (the step's reward in ``info["reward"]``, ``info["success"]``),
 ``format_observation(observation) -> message`` and ``close()``; TCOD's B2F may also read

@@ -5,7 +5,7 @@ Task metadata: ``{"env": "gridnav", "seed": int, "size": int (2..20), "walls": f
 length, "max_steps": optional (default 2 * optimal + 4), "shaping": optional per-step shaping}``.
 
 Coordinates are ``x,y`` with x growing right and y growing down, so ``up`` decreases y. Observations
-are short on purpose (a tiny character-level model reads them): the first one shows the task, the
+are short to keep long episodes within the context: the first one shows the task, the
 map (when there are walls) and ``at X,Y goal X,Y``; later ones show the position, the goal and the
 blocked neighbours, e.g. ``at 2,3 goal 4,4 wall:up,left``. The expert is a BFS shortest path that
 prefers horizontal moves, so without walls it walks along x first, then y.

@@ -75,7 +75,7 @@ def task_rows(
         label = json.dumps(metadata, sort_keys=True)
         if {label, json.dumps(first_observation)} & exclude:  # a task of another split
             continue
-        # The actions live in metadata: upstream slime's Dataset keeps only the metadata column.
+        # The actions live in metadata: slime's Dataset keeps only the metadata column.
         yield {"input": first_observation, "label": label, "metadata": {**metadata, "expert_actions": actions}}
         made += 1
 
