@@ -178,7 +178,7 @@ class FakeSGLang:
 
     async def generate(self, request):
         payload = await request.json()
-        self.requests.append(payload)
+        self.requests.append(dict(payload, routing_key=request.headers.get("X-SMG-Routing-Key")))
         ids = payload["input_ids"]
         if not self.student:  # the OPD reward_func: max_new_tokens 0, logprob_start_len 0
             entries = [[None, ids[0], None]] + [
@@ -341,9 +341,13 @@ def test_routing_replay_converts_a_batch_with_a_failed_episode(slime_code, monke
     routing = f"--use-rollout-routing-replay --num-layers {LAYERS} --moe-router-topk {TOPK}"
     env = str(tmp_path / "failing_env.py")
     args = run_args(slime_code, monkeypatch, tmp_path, path, student, teacher, "b2f", 1.0, env=env, extra=routing)
+    args.router_policy = "consistent_hashing"  # a sglang_router flag, which this test's stub does not add
     manager = RolloutManagerState(slime_code, args)
+    student.requests.clear()
 
     samples, data = manager.train_data(0)  # includes the R3 check of every sample's routing
+
+    assert {r["routing_key"] for r in student.requests} == {s.session_id for s in samples if not s.remove_sample}
 
     failed = [i for i, sample in enumerate(samples) if sample.metadata["outcome"] == "env_error"]
     assert failed and not samples[0].remove_sample  # the first sample sets the batch's routing fields
