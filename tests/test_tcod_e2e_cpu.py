@@ -8,6 +8,7 @@ the same process see ``sys.modules`` as it was, whether sglang or Megatron is in
 
 import argparse
 import base64
+import importlib
 import itertools
 import json
 import re
@@ -68,6 +69,20 @@ STUBS = {
     "megatron.training.tokenizer.tokenizer": {"_vocab_size_with_padding": lambda vocab_size, args: vocab_size},
 }
 FRESH = ("slime", "examples", "sglang", "sglang_router", "megatron")  # imported anew against the stubs
+MODULES = {  # what the tests use, imported in the fixture
+    "make_data": "examples.multi_turn_tcod.envs.make_data",
+    "tokenizers": "tokenizers",
+    "transformers": "transformers",
+    "aiohttp_threaded": "slime.agent.aiohttp_threaded",
+    "loss": "slime.backends.megatron_utils.loss",
+    "rollout_data_utils": "slime.observability.rollout_data_utils",
+    "ray_rollout": "slime.ray.rollout",
+    "sample_hooks": "slime.rollout.sample_hooks",
+    "sglang_rollout": "slime.rollout.sglang_rollout",
+    "arguments": "slime.utils.arguments",
+    "http_utils": "slime.utils.http_utils",
+    "misc": "slime.utils.misc",
+}
 
 
 def _fresh_modules():
@@ -87,21 +102,7 @@ def slime_code():
             vars(module).update(attrs)
             mp.setitem(sys.modules, name, module)
         try:
-            from examples.multi_turn_tcod.envs.make_data import task_rows
-            from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-            from transformers import PreTrainedTokenizerFast
-
-            from slime.agent.aiohttp_threaded import run_app_in_thread
-            from slime.backends.megatron_utils import loss
-            from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training
-            from slime.ray.rollout import RolloutManager
-            from slime.rollout.sample_hooks import set_current_rollout_id
-            from slime.rollout.sglang_rollout import GenerateState
-            from slime.utils.arguments import parse_args
-            from slime.utils.http_utils import init_http_client
-            from slime.utils.misc import load_function
-
-            yield types.SimpleNamespace(**locals())
+            yield types.SimpleNamespace(**{name: importlib.import_module(path) for name, path in MODULES.items()})
         finally:
             for name in _fresh_modules():
                 sys.modules.pop(name, None)  # the context then restores what was there before
@@ -208,12 +209,12 @@ def hf_checkpoint(slime_code, tmp_path_factory):
     chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
     vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars])}
     code = slime_code  # the tokenizers and transformers classes are imported there
-    core = code.Tokenizer(code.models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    core.pre_tokenizer = code.pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = code.decoders.Fuse()
+    core = code.tokenizers.Tokenizer(code.tokenizers.models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    core.pre_tokenizer = code.tokenizers.pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = code.tokenizers.decoders.Fuse()
     special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>"]}
-    tokenizer = code.PreTrainedTokenizerFast(tokenizer_object=core, **special)
-    think = [code.AddedToken(text, special=False) for text in ("<think>", "</think>")]
+    tokenizer = code.transformers.PreTrainedTokenizerFast(tokenizer_object=core, **special)
+    think = [code.tokenizers.AddedToken(text, special=False) for text in ("<think>", "</think>")]
     tokenizer.add_tokens(think)
     tokenizer.chat_template = CHAT_TEMPLATE
     path = tmp_path_factory.mktemp("hf_checkpoint")
@@ -224,8 +225,12 @@ def hf_checkpoint(slime_code, tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(slime_code, hf_checkpoint):
     _, tokenizer = hf_checkpoint
-    student = FakeSGLang(slime_code.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=1), student=True)
-    teacher = FakeSGLang(slime_code.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=2), student=False)
+    student = FakeSGLang(
+        slime_code.aiohttp_threaded.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=1), student=True
+    )
+    teacher = FakeSGLang(
+        slime_code.aiohttp_threaded.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=2), student=False
+    )
     yield student, teacher
     student.handle.stop()
     teacher.handle.stop()
@@ -234,7 +239,7 @@ def servers(slime_code, hf_checkpoint):
 def run_args(code, monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, top_p, env=GRIDNAV, extra=""):
     """The run's args as slime parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
     (nor its HF config check); this test converts the samples and computes the advantages itself."""
-    rows = list(code.task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
+    rows = list(code.make_data.task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
     rows[1]["metadata"]["broken"] = True  # only FAILING_ENV reads it
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = {"max_turns": 8, "max_turn_response_len": 128, "rollout_interaction_env_path": env}
@@ -249,31 +254,33 @@ def run_args(code, monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode,
         --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
         --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1 --rollout-top-p {top_p} {extra}"""
     monkeypatch.setattr(sys, "argv", argv.split())
-    return code.parse_args()
+    return code.arguments.parse_args()
 
 
 class RolloutManagerState:
     """What ``RolloutManager.__init__`` sets up for these methods, without Ray or engines; the methods are slime's."""
 
     def __init__(self, code, args):
-        manager = code.RolloutManager.__ray_actor_class__  # the class under @ray.remote
+        manager = code.ray_rollout.RolloutManager.__ray_actor_class__  # the class under @ray.remote
         self.code, self.args = code, args
         self._get_rollout_data = manager._get_rollout_data.__get__(self)
         self._post_process_rewards = manager._post_process_rewards.__get__(self)
         self._convert_samples_to_train_data = manager._convert_samples_to_train_data.__get__(self)
-        code.init_http_client(args)
-        code.GenerateState.clear_instances()  # the singleton keeps the args it was first built with
-        self.data_source = code.load_function(args.data_source_path)(args)
-        self.generate_rollout = code.load_function(args.rollout_function_path)
-        self.custom_reward_post_process_func = code.load_function(args.custom_reward_post_process_path)
+        code.http_utils.init_http_client(args)
+        code.sglang_rollout.GenerateState.clear_instances()  # the singleton keeps the args it was first built with
+        self.data_source = code.misc.load_function(args.data_source_path)(args)
+        self.generate_rollout = code.misc.load_function(args.rollout_function_path)
+        self.custom_reward_post_process_func = code.misc.load_function(args.custom_reward_post_process_path)
         self.custom_convert_samples_to_train_data_func = None
 
     def train_data(self, rollout_id: int):
         """One rollout as ``RolloutManager.generate`` makes it, then the trainer's advantages."""
-        self.code.set_current_rollout_id(rollout_id)
+        self.code.sample_hooks.set_current_rollout_id(rollout_id)
         samples, _ = self._get_rollout_data(rollout_id=rollout_id)
         data = self._convert_samples_to_train_data(samples)
-        self.code.tensorize_rollout_data_for_training(data)  # what _split_train_data_by_dp ships to the trainer
+        self.code.rollout_data_utils.tensorize_rollout_data_for_training(
+            data
+        )  # what _split_train_data_by_dp ships to the trainer
         self.code.loss.compute_advantages_and_returns(self.args, data)
         return samples, data
 
@@ -334,7 +341,9 @@ def test_tcod_curriculum_trains_pure_opd_through_slime_rollout(
             )
 
 
-def test_routing_replay_converts_a_batch_with_a_failed_episode(slime_code, monkeypatch, tmp_path, hf_checkpoint, servers):
+def test_routing_replay_converts_a_batch_with_a_failed_episode(
+    slime_code, monkeypatch, tmp_path, hf_checkpoint, servers
+):
     path, _ = hf_checkpoint
     student, teacher = servers
     (tmp_path / "failing_env.py").write_text(FAILING_ENV)

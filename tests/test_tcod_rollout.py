@@ -5,7 +5,6 @@ import asyncio
 import base64
 import string
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +18,6 @@ if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
 
 from examples.multi_turn_tcod import metrics, rollout  # noqa: E402
 from examples.multi_turn_tcod.envs import gridnav as gridnav_module  # noqa: E402
-from examples.multi_turn_tcod.envs.gridnav import build_env  # noqa: E402
 from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
@@ -292,23 +290,6 @@ def test_an_environment_fault_fails_only_its_episode(monkeypatch, tokenizer, tas
     sample, engine = play(monkeypatch, tokenizer, make_args(), broken, step=0, policy=lambda i: "noop")
     assert sample.status == Sample.Status.FAILED and "size" in sample.metadata["error"]
     assert sample.remove_sample and not engine.requests
-
-
-def test_environment_calls_leave_the_event_loop_unless_the_env_does_not_block(monkeypatch, tokenizer, tasks):
-    threads = []
-
-    class Blocking(build_env(Sample(metadata=dict(tasks[0]["metadata"]))).__class__):
-        blocking = True
-
-        def step(self, response_text):
-            threads.append(threading.current_thread() is threading.main_thread())
-            return super().step(response_text)
-
-    monkeypatch.setattr(gridnav_module, "build_env", lambda sample, args: Blocking(sample.metadata))
-    play(monkeypatch, tokenizer, make_args(use_tcod=False, max_turns=1), tasks[0], step=0, policy=lambda i: "up")
-    monkeypatch.setattr(Blocking, "blocking", False)
-    play(monkeypatch, tokenizer, make_args(use_tcod=False, max_turns=1), tasks[0], step=0, policy=lambda i: "up")
-    assert threads == [False, True]  # a worker thread, then the event loop's own
 
 
 @pytest.mark.parametrize("apply_chat_template", [False, True])
