@@ -44,7 +44,7 @@ def _due(step: int, interval: int | None, last: int) -> bool:
 
 def _update_kl_controller(args, kl_ctrl, train_stats: dict, n_samples: int) -> dict:
     """Feed the batch's policy-vs-reference KL, in the ``--kl-ctrl-unit`` unit, to the controller."""
-    unit_key = "kl/observed_seq_sum" if args.kl_ctrl_unit == "sequence" else "kl/observed_token_mean"
+    unit_key = "kl/observed_seq_sum" if args.kl_ctrl_unit == "sequence" else "kl/observed_sample_mean"
     observed = train_stats.get(unit_key)
     if observed is None:
         # No reference model was scored (fixed coefficient 0): there is no KL to report. Defaulting to 0
@@ -181,7 +181,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     from slime.utils.step_metrics import rollout_metrics
 
     progress = progress or RunProgress(args.num_rollout)
-    kl_ctrl = build_kl_controller(args)
+    kl_ctrl = build_kl_controller(args, clip=args.kl_ctrl_clip, coef_min=args.kl_coef_min, coef_max=args.kl_coef_max)
     rollout_manager = trainer = bar = None
     start = 0
     try:

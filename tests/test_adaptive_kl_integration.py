@@ -105,14 +105,14 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one(runs):
     # The first resumed step uses the restored coefficient, not --kl-coef again.
     assert runs.resumed[STOP_AFTER + 1]["kl_ctrl/coef_used"] == runs.stopped_ckpt["kl_controller"]["value"]
     for full, resumed in zip(runs.full, runs.resumed):
-        for key in ("kl_ctrl/coef_used", "kl_ctrl/coef", "kl_ctrl/observed_kl", "kl/observed_token_mean",
+        for key in ("kl_ctrl/coef_used", "kl_ctrl/coef", "kl_ctrl/observed_kl", "kl/observed_sample_mean",
                     "rollout/response_len", "advantages/mean", "loss", "critic/value_loss"):
             assert resumed[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), (full["step"], key)
 
 
 # ---------------------------------------------------------------------------- driver glue, no Ray
 def test_driver_feeds_the_unit_the_flag_names_and_never_invents_a_kl():
-    stats = {"kl/observed_token_mean": 0.2, "kl/observed_seq_sum": 3.0}
+    stats = {"kl/observed_token_mean": 0.25, "kl/observed_sample_mean": 0.2, "kl/observed_seq_sum": 3.0}
     for unit, expected in (("token", 0.2), ("sequence", 3.0)):
         ctrl = AdaptiveKLController(0.1, target_kl=1.0, horizon=10.0)
         out = train._update_kl_controller(SimpleNamespace(kl_ctrl_unit=unit), ctrl, stats, 4)

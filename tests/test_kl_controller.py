@@ -112,7 +112,7 @@ def test_fixed_controller_never_changes():
 def test_build_from_args():
     args = SimpleNamespace(kl_ctrl="adaptive", kl_coef=0.2, kl_target=6.0, kl_horizon=10000, kl_ctrl_clip=0.2,
                            kl_coef_min=1e-4, kl_coef_max=10.0)
-    ctrl = build_kl_controller(args)
+    ctrl = build_kl_controller(args, clip=args.kl_ctrl_clip, coef_min=args.kl_coef_min, coef_max=args.kl_coef_max)
     assert isinstance(ctrl, AdaptiveKLController)
     assert (ctrl.value, ctrl.target, ctrl.horizon, ctrl.coef_min, ctrl.coef_max) == (0.2, 6.0, 10000, 1e-4, 10.0)
     assert isinstance(build_kl_controller(SimpleNamespace(kl_ctrl="fixed", kl_coef=0.3)), FixedKLController)

@@ -27,7 +27,7 @@ from collections import defaultdict
 import torch
 
 from slime.backends.fsdp_utils import data_plan, guards, losses
-from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, token_mean_and_seq_sum
+from slime.backends.fsdp_utils.advantages import RolloutTensors, compute_advantages, sample_mean, token_mean_and_seq_sum
 from slime.backends.fsdp_utils.gather import all_gather_per_sample, sum_across_ranks
 from slime.utils.types import Sample
 
@@ -220,6 +220,7 @@ class RolloutTrainer:
             # k1 (the sampled log-ratio) is the KL the controller measures, whatever --kl-loss-type is.
             log_ratio = [old - ref for old, ref in zip(data.old_log_probs, data.ref_log_probs)]
             out["kl/observed_token_mean"], out["kl/observed_seq_sum"] = token_mean_and_seq_sum(log_ratio, masks)
+            out["kl/observed_sample_mean"] = sample_mean(log_ratio, masks)
             out["kl/reward_kl_token_mean"] = token_mean_and_seq_sum(result.reward_kl, masks)[0]
         if result.opd_reverse_kl is not None:
             out["opd/reverse_kl"], out["opd/reverse_kl_seq_sum"] = token_mean_and_seq_sum(result.opd_reverse_kl,

@@ -106,7 +106,8 @@ def add_kl_controller_arguments(parser):
     g.add_argument("--kl-coef-min", type=float, default=1e-6, help="adaptive: lower bound of the coefficient")
     g.add_argument("--kl-coef-max", type=float, default=1e3, help="adaptive: upper bound of the coefficient")
     g.add_argument("--kl-ctrl-unit", choices=("token", "sequence"), default="token",
-                   help="observed KL as a per-token mean (verl) or summed per sequence (OpenAI / old TRL)")
+                   help="observed KL: each sample's per-token mean, averaged over samples (verl), or each "
+                        "sample's sum, averaged over samples (OpenAI / old TRL)")
     return parser
 
 

@@ -1,108 +1,145 @@
-"""Reward-side KL coefficient controllers (Ziegler et al. 2019, arXiv:1909.08593).
+"""Controllers for the reward-side KL coefficient (``--kl-coef``), after Ziegler et al. 2019 (arXiv:1909.08593).
 
-The coefficient shapes per-token rewards, ``r'_t = r_t - beta * KL_t``, for the estimators that use
-reward-side KL (ppo, reinforce_plus_plus[_baseline]). The adaptive rule after each batch is::
+With ``--kl-ctrl adaptive`` the coefficient ``beta`` that shapes per-token rewards (``r_t - beta * kl_t``) is
+moved toward ``--kl-target`` after every training step::
 
-    e    = clip(KL_observed / KL_target - 1, -clip, clip)
-    beta = beta * (1 + e * n_steps / horizon)            then bounded to [coef_min, coef_max]
+    error = clip(observed_kl / target_kl - 1, -0.2, 0.2)
+    beta  = beta * (1 + error * n_steps / horizon)
 
-``n_steps`` is the number of samples in the batch. ``KL_observed`` must be in the unit the target was
-chosen in (per-token mean or per-sequence sum); the caller measures it.
+where ``n_steps`` is the number of samples in the step and ``observed_kl`` is the mean over samples of each
+sample's masked mean KL (per token). ``FixedKLController`` keeps ``beta`` constant.
 """
 
-from __future__ import annotations
-
+import json
+import logging
 import math
+import os
+
+logger = logging.getLogger(__name__)
+
+
+def _check_positive(name, value):
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 class FixedKLController:
-    """A constant coefficient (the default): ``update`` records nothing and changes nothing."""
+    """A constant coefficient: ``update`` never changes it."""
 
     kind = "fixed"
 
-    def __init__(self, kl_coef: float):
+    def __init__(self, kl_coef):
         if not math.isfinite(kl_coef) or kl_coef < 0:
             raise ValueError(f"kl_coef must be finite and >= 0, got {kl_coef}")
         self.value = float(kl_coef)
-        self.last_stats: dict[str, float] = {}
 
-    def update(self, current_kl: float, n_steps: int) -> dict[str, float]:
-        self.last_stats = {"kl_ctrl/observed_kl": float(current_kl), "kl_ctrl/coef": self.value}
-        return self.last_stats
+    def update(self, current_kl, n_steps):
+        return {"kl_ctrl/coef": self.value, "kl_ctrl/observed_kl": float(current_kl)}
 
-    def state_dict(self) -> dict:
+    def state_dict(self):
         return {"kind": self.kind, "value": self.value}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state):
         if state.get("kind") != self.kind:
-            raise ValueError(f"checkpoint holds a {state.get('kind')!r} KL controller, this run uses {self.kind!r}")
+            raise ValueError(f"the saved KL controller is {state.get('kind')!r}, this run uses {self.kind!r}")
         self.value = float(state["value"])
 
 
 class AdaptiveKLController:
-    """Proportional controller that moves the coefficient toward a target KL."""
+    """Moves the coefficient toward ``target_kl`` in proportion to the clipped relative error.
+
+    ``clip`` bounds the relative error; ``coef_min`` / ``coef_max``, when given, bound the coefficient.
+    """
 
     kind = "adaptive"
 
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float, clip: float = 0.2,
-                 coef_min: float = 1e-6, coef_max: float = 1e3):
-        for name, value in (("init_kl_coef", init_kl_coef), ("target_kl", target_kl), ("horizon", horizon),
-                            ("coef_min", coef_min), ("coef_max", coef_max)):
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be finite and > 0, got {value}")
+    def __init__(self, init_kl_coef, target_kl, horizon, clip=0.2, coef_min=None, coef_max=None):
+        _check_positive("init_kl_coef", init_kl_coef)
+        _check_positive("target_kl", target_kl)
+        _check_positive("horizon", horizon)
+        for name, bound in (("coef_min", coef_min), ("coef_max", coef_max)):
+            if bound is not None:
+                _check_positive(name, bound)
         if not 0 < clip <= 1:
             raise ValueError(f"clip must lie in (0, 1], got {clip}")
-        if coef_min >= coef_max:
+        if coef_min is not None and coef_max is not None and coef_min >= coef_max:
             raise ValueError(f"coef_min ({coef_min}) must be < coef_max ({coef_max})")
         self.target = float(target_kl)
         self.horizon = float(horizon)
         self.clip = float(clip)
-        self.coef_min = float(coef_min)
-        self.coef_max = float(coef_max)
-        self.value = min(max(float(init_kl_coef), self.coef_min), self.coef_max)
+        self.coef_min = coef_min
+        self.coef_max = coef_max
+        self.value = self._bounded(float(init_kl_coef))
         self.n_updates = 0
-        self.last_stats: dict[str, float] = {}
 
-    def update(self, current_kl: float, n_steps: int) -> dict[str, float]:
+    def _bounded(self, value):
+        if self.coef_min is not None:
+            value = max(value, self.coef_min)
+        if self.coef_max is not None:
+            value = min(value, self.coef_max)
+        return value
+
+    def update(self, current_kl, n_steps):
+        """Apply one step's observation; returns the ``kl_ctrl/*`` metrics. A non-finite KL is refused."""
         if not math.isfinite(current_kl):
-            raise ValueError(f"observed KL is not finite ({current_kl}); refusing to update the KL coefficient")
+            raise ValueError(f"observed KL is not finite ({current_kl}); the KL coefficient is left unchanged")
         if not math.isfinite(n_steps) or n_steps <= 0:
-            # An infinite step count times a zero error is NaN, which the bounds below would let through.
             raise ValueError(f"n_steps must be finite and > 0, got {n_steps}")
         raw_error = current_kl / self.target - 1.0
         error = min(max(raw_error, -self.clip), self.clip)
-        self.value = self.value * (1.0 + error * n_steps / self.horizon)
-        # The factor is >= 1 - clip * n_steps / horizon and can reach 0 or below for huge batches;
-        # the lower bound keeps the coefficient positive so it can always recover.
-        self.value = min(max(self.value, self.coef_min), self.coef_max)
+        factor = 1.0 + error * n_steps / self.horizon
+        if factor <= 0 and self.coef_min is None:
+            raise ValueError(f"a step of {n_steps} samples with horizon {self.horizon} would make the KL coefficient "
+                             "non-positive; use a larger horizon")
+        self.value = self._bounded(self.value * factor)
         self.n_updates += 1
-        self.last_stats = {
+        return {
+            "kl_ctrl/coef": self.value,
             "kl_ctrl/observed_kl": float(current_kl),
             "kl_ctrl/target_kl": self.target,
-            "kl_ctrl/coef": self.value,
             "kl_ctrl/error": error,
             "kl_ctrl/clipped": float(error != raw_error),
         }
-        return self.last_stats
 
-    def state_dict(self) -> dict:
+    def state_dict(self):
         return {"kind": self.kind, "value": self.value, "n_updates": self.n_updates, "target": self.target,
                 "horizon": self.horizon}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state):
         if state.get("kind") != self.kind:
-            raise ValueError(f"checkpoint holds a {state.get('kind')!r} KL controller, this run uses {self.kind!r}")
+            raise ValueError(f"the saved KL controller is {state.get('kind')!r}, this run uses {self.kind!r}")
         value = float(state["value"])
-        if not math.isfinite(value):
-            # min/max pass NaN through unchanged, so the bounds alone would not catch a corrupt state.
-            raise ValueError(f"checkpoint KL coefficient is not finite ({value})")
-        self.value = min(max(value, self.coef_min), self.coef_max)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"the saved KL coefficient is not finite and > 0 ({value})")
+        self.value = self._bounded(value)
         self.n_updates = int(state.get("n_updates", 0))
 
 
-def build_kl_controller(args):
-    """The controller that ``args`` asks for (``--kl-ctrl``, validated by arguments.validate_args)."""
+def build_kl_controller(args, **options):
+    """The controller ``--kl-ctrl`` asks for; ``options`` go to ``AdaptiveKLController``."""
     if getattr(args, "kl_ctrl", "fixed") == "adaptive":
-        return AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon, args.kl_ctrl_clip,
-                                    args.kl_coef_min, args.kl_coef_max)
+        return AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon, **options)
     return FixedKLController(args.kl_coef)
+
+
+def _state_path(root, rollout_id):
+    return os.path.join(root, "kl_ctrl", f"kl_ctrl_state_dict_{rollout_id}.json")
+
+
+def save_kl_controller(controller, save_dir, rollout_id):
+    """Write the controller's state beside the checkpoint of ``rollout_id``."""
+    path = _state_path(save_dir, rollout_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(controller.state_dict(), f)
+
+
+def load_kl_controller(controller, load_dir, rollout_id):
+    """Restore the state saved with checkpoint ``rollout_id``; returns False (state unchanged) if there is none."""
+    path = _state_path(load_dir, rollout_id)
+    if not os.path.exists(path):
+        logger.info(f"no KL controller state at {path}; the KL coefficient starts from --kl-coef")
+        return False
+    with open(path) as f:
+        controller.load_state_dict(json.load(f))
+    return True

@@ -84,6 +84,13 @@ def compute_advantages(args, data: RolloutTensors, kl_coef: float) -> AdvantageR
     return AdvantageResult(advantages, returns, kl, rollout_data.get("opd_reverse_kl"))
 
 
+def sample_mean(values: Tensors, masks: Tensors) -> float:
+    """Each sample's masked mean, averaged over samples (verl's unit for the adaptive KL controller, and the
+    slime PR's): unlike the batch's token mean, a long sample weighs as much as a short one."""
+    means = [float((v * m).sum()) / max(float(m.sum()), 1.0) for v, m in zip(values, masks)]
+    return sum(means) / max(len(means), 1)
+
+
 def token_mean_and_seq_sum(values: Tensors, masks: Tensors) -> tuple[float, float]:
     """Mean over all masked tokens of the batch, and mean over samples of the per-sample masked sum."""
     token_mean = float(ppo_utils.per_token_mean(values, masks))
