@@ -279,10 +279,16 @@ def main(argv=None) -> int:
     parser.add_argument("slime_dir", type=Path, help="an upstream THUDM/slime checkout (changed in place)")
     parser.add_argument("--dry-run", action="store_true", help="list the changes without making them")
     parser.add_argument("--no-commit", action="store_true", help="write the files but do not commit them")
+    parser.add_argument("--pr", choices=("tcod", "adaptive-kl"), default="tcod",
+                        help="which pull request: tcod (default) or adaptive-kl (port_adaptive_kl.py)")
     args = parser.parse_args(argv)
+    if args.pr == "adaptive-kl":
+        from tools.slime_pr import port_adaptive_kl as pr
+    else:
+        pr = sys.modules[__name__]
     try:
-        lines = port(args.slime_dir, dry_run=args.dry_run, commit=not args.no_commit)
-    except PortError as err:
+        lines = pr.port(args.slime_dir, dry_run=args.dry_run, commit=not args.no_commit)
+    except pr.PortError as err:
         print(f"port.py: refusing: {err}", file=sys.stderr)
         return 2
     if not lines:

@@ -1,0 +1,325 @@
+"""Apply the adaptive-KL pull request (THUDM/slime #2387) to an upstream THUDM/slime checkout.
+
+    python tools/slime_pr/port.py --pr adaptive-kl SLIME_DIR [--dry-run] [--no-commit]
+
+Copies ``manifest_adaptive_kl.COPIED_FILES`` and makes the anchored edits below in upstream's files. Each
+edit is (file, anchor, replacement): the anchor must be in the file exactly once, the replacement is written
+in its place; a file that already holds the replacement is left alone, so a second run changes nothing. It
+applies to pristine upstream and to a tree that holds the TCOD PR (whose edits do not touch these anchors).
+Everything is checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.slime_pr import manifest_adaptive_kl as manifest  # noqa: E402
+
+ARGS = "slime/utils/arguments.py"
+LOSS = "slime/backends/megatron_utils/loss.py"
+ACTOR = "slime/backends/megatron_utils/actor.py"
+FIXTURE = "tests/test_megatron_argument_validation.py"
+TEMPLATE = ".github/workflows/pr-test.yml.j2"
+RENDERED = ".github/workflows/pr-test.yml"
+GENERATOR = ".github/workflows/generate_github_workflows.py"
+
+_KL_COEF_FLAG = """\
+                help="KL penalty coefficient for reward shaping. This is applied to the reward signal before advantage calculation.",
+            )
+"""
+_KL_CTRL_FLAGS = """\
+            parser.add_argument(
+                "--kl-ctrl",
+                type=str,
+                choices=["fixed", "adaptive"],
+                default="fixed",
+                help=(
+                    "How --kl-coef evolves during training. 'fixed' keeps it constant. 'adaptive' (PPO only) starts "
+                    "from --kl-coef and moves it after every step toward --kl-target (Ziegler et al., 2019)."
+                ),
+            )
+            parser.add_argument(
+                "--kl-target",
+                type=float,
+                default=None,
+                help=(
+                    "Target of --kl-ctrl adaptive: the KL to the reference model, as each sample's mean over its "
+                    "response tokens averaged over the samples of a step (the KL of --kl-loss-type)."
+                ),
+            )
+            parser.add_argument(
+                "--kl-horizon",
+                type=float,
+                default=10000,
+                help=(
+                    "Horizon of --kl-ctrl adaptive, in samples: after each step the coefficient is multiplied by "
+                    "1 + clip(observed / target - 1, -0.2, 0.2) * samples of the step / horizon."
+                ),
+            )
+"""
+
+_VALIDATE_ANCHOR = '    assert not (args.kl_coef != 0 and args.kl_loss_coef != 0), "Only one of kl_coef and kl_loss_coef can be set"\n'
+_VALIDATE = """\
+    if args.kl_ctrl == "adaptive":
+        if args.advantage_estimator != "ppo":
+            raise ValueError(
+                f"--kl-ctrl adaptive adapts the reward-side --kl-coef of --advantage-estimator ppo, not "
+                f"{args.advantage_estimator}; with other estimators regularize with --use-kl-loss --kl-loss-coef."
+            )
+        if args.kl_coef <= 0:
+            raise ValueError("--kl-ctrl adaptive needs --kl-coef > 0, the coefficient it starts from.")
+        if args.kl_target is None or args.kl_target <= 0:
+            raise ValueError("--kl-ctrl adaptive needs --kl-target > 0.")
+        if args.kl_horizon <= 0:
+            raise ValueError(f"--kl-horizon must be > 0, got {args.kl_horizon}.")
+    elif args.kl_target is not None:
+        raise ValueError("--kl-target is only used with --kl-ctrl adaptive.")
+
+"""
+
+_LOSS_SIGNATURE = "def compute_advantages_and_returns(args: Namespace, rollout_data: RolloutBatch) -> None:\n"
+_LOSS_SIGNATURE_NEW = (
+    "def compute_advantages_and_returns(args: Namespace, rollout_data: RolloutBatch, kl_coef: float | None = None) -> None:\n"
+)
+_LOSS_DOC = '''            "returns" keys, each mapping to lists of tensors per sample.
+    """
+'''
+_LOSS_DOC_NEW = '''            "returns" keys, each mapping to lists of tensors per sample.
+        kl_coef: The reward-side KL coefficient to use instead of ``args.kl_coef``
+            (``--kl-ctrl adaptive``); ``None`` uses ``args.kl_coef``.
+    """
+'''
+_LOSS_EARLY_RETURN = """\
+    if not mpu.is_pipeline_last_stage():
+        return
+
+    if args.kl_coef == 0 or not log_probs:
+"""
+_LOSS_EARLY_RETURN_NEW = """\
+    if not mpu.is_pipeline_last_stage():
+        return
+    if kl_coef is None:
+        kl_coef = args.kl_coef
+
+    if kl_coef == 0 or not log_probs:
+"""
+_LOSS_PPO = """\
+        kl_coef = -args.kl_coef
+        cp_rank = mpu.get_context_parallel_rank()
+        for reward, per_token_kl in zip(old_rewards, kl, strict=False):
+            token_level_rewards = per_token_kl * kl_coef
+"""
+_LOSS_PPO_NEW = """\
+        cp_rank = mpu.get_context_parallel_rank()
+        for reward, per_token_kl in zip(old_rewards, kl, strict=False):
+            token_level_rewards = per_token_kl * -kl_coef
+"""
+_LOSS_RPP = """\
+            kl_coef=args.kl_coef,
+"""
+_LOSS_RPP_NEW = """\
+            kl_coef=kl_coef,
+"""
+_LOSS_REDUCE_ANCHOR = _LOSS_SIGNATURE_NEW
+_LOSS_REDUCE = '''def reduce_observed_kl(rollout_data: RolloutBatch, group) -> tuple[float | None, int]:
+    """The step's KL for ``--kl-ctrl adaptive``, the same number on every rank of ``group``.
+
+    Each sample's masked mean of ``rollout_data["kl"]``, averaged over the samples of every data-parallel rank.
+    Context-parallel ranks each add their share of a sample's mean and only CP rank 0 counts the sample;
+    ranks without KL (not the last pipeline stage, tensor-parallel rank > 0) add nothing. One float64
+    all-reduce of (sum, count) over ``group``, which every rank must call. Returns (mean, count), or
+    (None, 0) when no rank holds a sample.
+    """
+    totals = torch.zeros(2, dtype=torch.float64)
+    kl = rollout_data.get("kl")
+    if kl is not None and mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0:
+        if kl:
+            sum_of_sample_mean = get_sum_of_sample_mean(
+                rollout_data["total_lengths"], rollout_data["response_lengths"], rollout_data["loss_masks"]
+            )
+            totals[0] = float(sum_of_sample_mean(torch.cat(kl)))
+        if mpu.get_context_parallel_rank() == 0:
+            totals[1] = len(kl)
+    dist.all_reduce(totals, group=group)
+    count = int(totals[1].item())
+    return (totals[0].item() / count if count else None), count
+
+
+'''
+
+_ACTOR_IMPORT = "from slime.utils.distributed_utils import get_gloo_group\n"
+_ACTOR_IMPORT_NEW = (
+    "from slime.utils.distributed_utils import get_gloo_group\n"
+    "from slime.utils.kl_controller import build_kl_controller, load_kl_controller, save_kl_controller\n"
+)
+_ACTOR_LOSS_IMPORT = "    get_values,\n)\n"
+_ACTOR_LOSS_IMPORT_NEW = "    get_values,\n    reduce_observed_kl,\n)\n"
+_ACTOR_INIT = """\
+        start_rollout_id = loaded_rollout_id + 1
+
+        if role == "critic":
+"""
+_ACTOR_INIT_NEW = """\
+        start_rollout_id = loaded_rollout_id + 1
+
+        # The critic's kl_coef is 0: only the actor adapts it.
+        self.kl_ctrl = build_kl_controller(args) if role == "actor" and args.kl_ctrl == "adaptive" else None
+        if self.kl_ctrl is not None and args.load is not None and not args.finetune:
+            restored = load_kl_controller(self.kl_ctrl, args.load, loaded_rollout_id)
+            if args.ci_test:
+                assert restored, f"no KL controller state was saved with rollout {loaded_rollout_id}"
+
+        if role == "critic":
+"""
+_ACTOR_CALL = "                compute_advantages_and_returns(self.args, rollout_data)\n\n            if self.rollout_data_postprocess"
+_ACTOR_CALL_NEW = (
+    "                kl_coef = None if self.kl_ctrl is None else self.kl_ctrl.value\n"
+    "                compute_advantages_and_returns(self.args, rollout_data, kl_coef=kl_coef)\n\n"
+    "            if self.rollout_data_postprocess"
+)
+_ACTOR_LOG = """\
+        train_metric_utils.log_perf_data(
+            rollout_id,
+            self.args,
+            extra_metrics=self.weight_updater.pop_metrics(),
+        )
+"""
+_ACTOR_LOG_NEW = """\
+        extra_metrics = self.weight_updater.pop_metrics()
+        if self.kl_ctrl is not None:
+            extra_metrics = {**(extra_metrics or {}), **self._update_kl_ctrl(rollout_data)}
+        train_metric_utils.log_perf_data(
+            rollout_id,
+            self.args,
+            extra_metrics=extra_metrics,
+        )
+
+    def _update_kl_ctrl(self, rollout_data: RolloutBatch) -> dict:
+        # Every rank reduces and updates, so the coefficient stays the same everywhere.
+        coef_used = self.kl_ctrl.value
+        observed_kl, n_samples = reduce_observed_kl(rollout_data, get_gloo_group())
+        if n_samples == 0:
+            return {"kl_ctrl/coef": coef_used}
+        metrics = {**self.kl_ctrl.update(observed_kl, n_samples), "kl_ctrl/coef": coef_used}
+        if self.args.ci_test:
+            values = [None] * dist.get_world_size()
+            dist.all_gather_object(values, self.kl_ctrl.value, group=get_gloo_group())
+            assert len(set(values)) == 1, f"the KL coefficient differs across ranks: {values}"
+            assert (self.kl_ctrl.value - coef_used) * metrics["kl_ctrl/error"] >= 0, metrics
+        return metrics
+"""
+_ACTOR_SAVE = "        save(rollout_id, self.model, self.optimizer, self.opt_param_scheduler)\n"
+_ACTOR_SAVE_NEW = (
+    "        save(rollout_id, self.model, self.optimizer, self.opt_param_scheduler)\n"
+    "        if self.kl_ctrl is not None and dist.get_rank() == 0:\n"
+    "            save_kl_controller(self.kl_ctrl, self.args.save, rollout_id)\n"
+)
+
+_FIXTURE = "        kl_coef=0,\n"
+_FIXTURE_NEW = '        kl_coef=0,\n        kl_ctrl="fixed",\n        kl_target=None,\n        kl_horizon=10000,\n'
+
+_DOC_ANCHOR = "   advanced/on-policy-distillation.md\n"
+_DOC_NEW = "   advanced/on-policy-distillation.md\n   advanced/adaptive-kl-controller.md\n"
+
+_GPU_ANCHOR = "    {'test_file': 'test_qwen3_4B_ppo.py', 'num_gpus': 8, 'enable_eval': '0'},\n"
+_GPU_NEW = (
+    _GPU_ANCHOR
+    + f"    {{'test_file': '{Path(manifest.GPU_TEST_FILE).name}', 'num_gpus': {manifest.GPU_TEST_GPUS}, 'enable_eval': '0'}},\n"
+)
+_CPU_ANCHOR = "        {'test_file': 'test_ppo_kl_metric.py', 'num_gpus': 0},\n"
+_CPU_NEW = _CPU_ANCHOR + "".join(
+    f"        {{'test_file': '{Path(rel).name}', 'num_gpus': 0}},\n" for rel in manifest.CPU_TEST_FILES
+)
+
+EDITS = (
+    (ARGS, _KL_COEF_FLAG, _KL_COEF_FLAG + _KL_CTRL_FLAGS),
+    (ARGS, _VALIDATE_ANCHOR, _VALIDATE + _VALIDATE_ANCHOR),
+    (LOSS, _LOSS_SIGNATURE, _LOSS_SIGNATURE_NEW),
+    (LOSS, _LOSS_DOC, _LOSS_DOC_NEW),
+    (LOSS, _LOSS_EARLY_RETURN, _LOSS_EARLY_RETURN_NEW),
+    (LOSS, _LOSS_PPO, _LOSS_PPO_NEW),
+    (LOSS, _LOSS_RPP, _LOSS_RPP_NEW),  # reinforce_plus_plus and _baseline: both call sites
+    (LOSS, _LOSS_REDUCE_ANCHOR, _LOSS_REDUCE + _LOSS_REDUCE_ANCHOR),
+    (ACTOR, _ACTOR_IMPORT, _ACTOR_IMPORT_NEW),
+    (ACTOR, _ACTOR_LOSS_IMPORT, _ACTOR_LOSS_IMPORT_NEW),
+    (ACTOR, _ACTOR_INIT, _ACTOR_INIT_NEW),
+    (ACTOR, _ACTOR_CALL, _ACTOR_CALL_NEW),
+    (ACTOR, _ACTOR_LOG, _ACTOR_LOG_NEW),
+    (ACTOR, _ACTOR_SAVE, _ACTOR_SAVE_NEW),
+    (FIXTURE, _FIXTURE, _FIXTURE_NEW),
+    (TEMPLATE, _GPU_ANCHOR, _GPU_NEW),
+    (TEMPLATE, _CPU_ANCHOR, _CPU_NEW),
+    ("docs/en/index.rst", _DOC_ANCHOR, _DOC_NEW),
+    ("docs/zh/index.rst", _DOC_ANCHOR, _DOC_NEW),
+)
+# How many times each anchor appears in pristine upstream (all once, except the reinforce++ keyword).
+_COUNTS = {_LOSS_RPP: 2}
+# Marks of an applied edit, checked before anything else.
+_DONE_MARK = {ARGS: '"--kl-ctrl"', LOSS: "def reduce_observed_kl(", ACTOR: "self.kl_ctrl", FIXTURE: 'kl_ctrl="fixed"'}
+
+
+class PortError(RuntimeError):
+    pass
+
+
+def _apply(source: str, anchor: str, new: str, count: int) -> str:
+    found = source.count(anchor)
+    if found != count:
+        raise PortError(f"anchor {anchor.strip().splitlines()[0][:80]!r} found {found} times, expected {count}")
+    return source.replace(anchor, new)
+
+
+def planned_files(slime_dir: Path) -> dict[str, bytes]:
+    """Every file the PR adds or edits, with its new content (only those that differ)."""
+    new: dict[str, bytes] = {}
+    for rel, src in manifest.COPIED_FILES.items():
+        if not src.is_file():
+            raise PortError(f"this repository lacks the PR file {src}")
+        new[rel] = src.read_bytes()
+    texts: dict[str, str] = {}
+    for rel, anchor, replacement in EDITS:
+        path = slime_dir / rel
+        if not path.is_file():
+            raise PortError(f"{rel} is missing: {slime_dir} is not an upstream slime tree")
+        text = texts.setdefault(rel, path.read_text())
+        mark = _DONE_MARK.get(rel)
+        if (mark is not None and mark in path.read_text()) or (mark is None and replacement in text):
+            continue  # applied already
+        texts[rel] = _apply(text, anchor, replacement, _COUNTS.get(anchor, 1))
+    new.update({rel: text.encode() for rel, text in texts.items()})
+    return {
+        rel: data for rel, data in new.items() if not (slime_dir / rel).is_file() or (slime_dir / rel).read_bytes() != data
+    }
+
+
+def _render(slime_dir: Path) -> None:
+    subprocess.run([sys.executable, str(slime_dir / GENERATOR)], check=True, capture_output=True, text=True)
+
+
+def port(slime_dir: Path, dry_run: bool = False, commit: bool = True) -> list[str]:
+    slime_dir = slime_dir.resolve()
+    if not (slime_dir / ARGS).is_file() or not (slime_dir / LOSS).is_file():
+        raise PortError(f"{slime_dir} is not an upstream slime tree (no {ARGS} or {LOSS})")
+    changes = planned_files(slime_dir)
+    lines = [f"{'edit' if (slime_dir / rel).exists() else 'add':5s}{rel}" for rel in sorted(changes)]
+    if dry_run or not changes:
+        return lines
+    for rel, data in changes.items():
+        (slime_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (slime_dir / rel).write_bytes(data)
+    if TEMPLATE in changes and (slime_dir / GENERATOR).is_file():
+        _render(slime_dir)
+    git = ["git", "-C", str(slime_dir)]
+    top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if commit and top.returncode == 0 and Path(top.stdout.strip()).resolve() == slime_dir:
+        paths = sorted({*changes, RENDERED} & {p for p in (*changes, RENDERED) if (slime_dir / p).exists()})
+        subprocess.run([*git, "add", "--", *paths], check=True)
+        message = "Adaptive reward-side KL coefficient for PPO (--kl-ctrl adaptive)"
+        ident = ["-c", "user.name=slime-pr", "-c", "user.email=slime-pr@localhost"]
+        subprocess.run(["git", "-C", str(slime_dir), *ident, "commit", "-q", "-m", message, "--", *paths], check=True)
+        lines.append(f"commit {message}")
+    return lines
