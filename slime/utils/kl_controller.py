@@ -89,8 +89,10 @@ class AdaptiveKLController:
         error = min(max(raw_error, -self.clip), self.clip)
         factor = 1.0 + error * n_steps / self.horizon
         if factor <= 0 and self.coef_min is None:
-            raise ValueError(f"a step of {n_steps} samples with horizon {self.horizon} would make the KL coefficient "
-                             "non-positive; use a larger horizon")
+            raise ValueError(
+                f"a step of {n_steps} samples with horizon {self.horizon} would make the KL coefficient "
+                "non-positive; use a larger horizon"
+            )
         self.value = self._bounded(self.value * factor)
         self.n_updates += 1
         return {
@@ -102,8 +104,13 @@ class AdaptiveKLController:
         }
 
     def state_dict(self):
-        return {"kind": self.kind, "value": self.value, "n_updates": self.n_updates, "target": self.target,
-                "horizon": self.horizon}
+        return {
+            "kind": self.kind,
+            "value": self.value,
+            "n_updates": self.n_updates,
+            "target": self.target,
+            "horizon": self.horizon,
+        }
 
     def load_state_dict(self, state):
         if state.get("kind") != self.kind:

@@ -304,7 +304,11 @@ def cmd_run(ns) -> int:
     jobs_p, jobs_q = cpu_jobs(pristine), cpu_jobs(ported)
     reg_p = {(j.name, rel, a) for j in jobs_p for rel, a in j.tests}
     reg_q = {(j.name, rel, a) for j in jobs_q for rel, a in j.tests}
-    pr_files = set(manifest.CPU_TEST_FILES)
+    if getattr(ns, "pr", "tcod") == "adaptive-kl":
+        from tools.slime_pr import manifest_adaptive_kl as pr_manifest
+    else:
+        pr_manifest = manifest
+    pr_files = set(pr_manifest.CPU_TEST_FILES)
     for missing in sorted(reg_p - reg_q):
         problems.append(f"the ported template drops upstream's CPU entry {missing}")
     for rel in sorted(pr_files - {r for _, r, _ in reg_q}):
@@ -441,6 +445,7 @@ def main(argv=None) -> int:
     s.add_argument("--ported", required=True)
     s.add_argument("--work", required=True)
     s.add_argument("--summary")
+    s.add_argument("--pr", choices=("tcod", "adaptive-kl"), default="tcod", help="whose CPU tests are the PR's")
     ns = p.parse_args(argv)
     try:
         if ns.cmd == "jobs":

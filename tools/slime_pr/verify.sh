@@ -45,6 +45,15 @@
 #   SGLANG_SERVER_ARGS   an sglang wheel (or its server_args.py) for the --sglang-* flags of that check
 set -euo pipefail
 
+# --pr adaptive-kl: the adaptive-KL PR has its own harness; --pr tcod (or no --pr): this one.
+if [[ "${1:-}" == "--pr" ]]; then
+    case "${2:-}" in
+    adaptive-kl) exec bash "$(dirname "${BASH_SOURCE[0]}")/verify_adaptive_kl.sh" "${@:3}" ;;
+    tcod) shift 2 ;;
+    *) printf 'verify.sh: --pr takes tcod or adaptive-kl\n' >&2; exit 2 ;;
+    esac
+fi
+
 VERIFIED_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"

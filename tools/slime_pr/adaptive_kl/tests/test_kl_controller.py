@@ -1,0 +1,263 @@
+"""--kl-ctrl adaptive on CPU: the controller's rule and state, the flags' validation, and the kl_coef hand-in of
+compute_advantages_and_returns (bit-identical results when nothing new is asked)."""
+
+import math
+import random
+import sys
+import types
+from argparse import Namespace
+
+import pytest
+import torch
+from test_megatron_argument_validation import load_slime_arguments_module, make_slime_validate_args
+
+from slime.utils.kl_controller import (
+    AdaptiveKLController,
+    FixedKLController,
+    build_kl_controller,
+    load_kl_controller,
+    save_kl_controller,
+)
+
+NUM_GPUS = 0
+
+
+def reference_update(value, observed, target, n_steps, horizon):
+    """Ziegler et al.'s rule, written out independently of the controller."""
+    error = observed / target - 1
+    if error > 0.2:
+        error = 0.2
+    if error < -0.2:
+        error = -0.2
+    return value * (1 + error * n_steps / horizon)
+
+
+def test_adaptive_follows_the_rule_against_a_reference():
+    rng = random.Random(0)
+    ctrl = AdaptiveKLController(init_kl_coef=0.05, target_kl=0.1, horizon=1000)
+    expected = 0.05
+    for _ in range(200):
+        observed, n_steps = rng.uniform(0.0, 0.4), rng.randint(1, 256)
+        expected = reference_update(expected, observed, 0.1, n_steps, 1000)
+        metrics = ctrl.update(observed, n_steps)
+        assert ctrl.value == pytest.approx(expected, rel=1e-12)
+        assert metrics["kl_ctrl/coef"] == ctrl.value
+        assert metrics["kl_ctrl/observed_kl"] == observed and metrics["kl_ctrl/target_kl"] == 0.1
+        assert abs(metrics["kl_ctrl/error"]) <= 0.2
+        assert metrics["kl_ctrl/clipped"] == float(abs(observed / 0.1 - 1) > 0.2)
+    assert ctrl.n_updates == 200
+
+
+def test_direction_and_bound_of_one_step():
+    up = AdaptiveKLController(0.1, target_kl=0.1, horizon=100)
+    up.update(10.0, 10)  # far above the target: the error is clipped to +0.2
+    assert up.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+    down = AdaptiveKLController(0.1, target_kl=0.1, horizon=100)
+    down.update(0.0, 10)
+    assert down.value == pytest.approx(0.1 * (1 - 0.2 * 10 / 100))
+    still = AdaptiveKLController(0.1, target_kl=0.1, horizon=100)
+    assert still.update(0.1, 10)["kl_ctrl/clipped"] == 0.0 and still.value == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_kl_is_refused_and_the_value_kept(bad):
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=1000)
+    ctrl.update(0.2, 64)
+    before = ctrl.state_dict()
+    with pytest.raises(ValueError, match="not finite"):
+        ctrl.update(bad, 64)
+    assert ctrl.state_dict() == before
+
+
+def test_a_step_that_would_make_the_coefficient_non_positive_is_refused():
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=10)
+    with pytest.raises(ValueError, match="horizon"):
+        ctrl.update(0.0, 100)  # 1 - 0.2 * 100 / 10 < 0
+    assert ctrl.value == 0.05
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(init_kl_coef=0), dict(target_kl=0), dict(horizon=-1), dict(target_kl=math.nan)]
+)
+def test_constructor_refuses_non_positive_settings(kwargs):
+    settings = dict(init_kl_coef=0.05, target_kl=0.1, horizon=1000)
+    settings.update(kwargs)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        AdaptiveKLController(**settings)
+
+
+def test_fixed_never_moves():
+    ctrl = FixedKLController(0.02)
+    for observed in (0.0, 5.0, 100.0):
+        ctrl.update(observed, 1000)
+    assert ctrl.value == 0.02
+
+
+def test_build_from_args():
+    adaptive = build_kl_controller(Namespace(kl_ctrl="adaptive", kl_coef=0.01, kl_target=0.2, kl_horizon=500))
+    assert isinstance(adaptive, AdaptiveKLController)
+    assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.01, 0.2, 500)
+    fixed = build_kl_controller(Namespace(kl_ctrl="fixed", kl_coef=0.01, kl_target=None, kl_horizon=10000))
+    assert isinstance(fixed, FixedKLController) and fixed.value == 0.01
+
+
+def test_save_and_resume_through_the_actor_functions(tmp_path):
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    for rollout_id, observed in enumerate((0.3, 0.25, 0.02)):
+        ctrl.update(observed, 16)
+        save_kl_controller(ctrl, str(tmp_path), rollout_id)
+        if rollout_id == 1:
+            value_at_1 = ctrl.value
+    resumed = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    assert load_kl_controller(resumed, str(tmp_path), 1)  # the iteration actually loaded, not the latest
+    assert resumed.value == value_at_1 and resumed.n_updates == 2
+    ctrl_from_1 = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    load_kl_controller(ctrl_from_1, str(tmp_path), 1)
+    assert ctrl_from_1.update(0.02, 16)["kl_ctrl/coef"] == ctrl.value
+    fresh = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    assert not load_kl_controller(fresh, str(tmp_path), 7)  # no state saved: start from --kl-coef
+    assert fresh.value == 0.05
+    with pytest.raises(ValueError, match="adaptive"):
+        FixedKLController(0.05).load_state_dict(resumed.state_dict())
+
+
+# ---------------------------------------------------------------------------- slime_validate_args
+def _adaptive(**overrides):
+    values = dict(
+        advantage_estimator="ppo", kl_ctrl="adaptive", kl_coef=0.01, kl_target=0.1, kl_horizon=10000, ref_load=None
+    )
+    values.update(overrides)
+    return values
+
+
+@pytest.mark.parametrize(
+    "overrides,flag",
+    [
+        (dict(advantage_estimator="grpo"), "--use-kl-loss"),
+        (dict(advantage_estimator="reinforce_plus_plus", normalize_advantages=True), "--advantage-estimator ppo"),
+        (dict(kl_coef=0), "--kl-coef"),
+        (dict(kl_coef=-0.1), "--kl-coef"),
+        (dict(kl_target=None), "--kl-target"),
+        (dict(kl_target=0.0), "--kl-target"),
+        (dict(kl_target=-1.0), "--kl-target"),
+        (dict(kl_horizon=0), "--kl-horizon"),
+        (dict(kl_horizon=-5), "--kl-horizon"),
+        (dict(kl_ctrl="fixed", kl_target=0.1), "--kl-target"),
+    ],
+)
+def test_validation_refuses_each_bad_setting(monkeypatch, tmp_path, overrides, flag):
+    module = load_slime_arguments_module(monkeypatch)
+    args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), **overrides))
+    with pytest.raises(ValueError, match=flag):
+        module.slime_validate_args(args)
+
+
+def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path):
+    module = load_slime_arguments_module(monkeypatch)
+    args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path)))
+    module.slime_validate_args(args)
+    assert args.kl_ctrl == "adaptive" and args.use_critic
+
+
+# ---------------------------------------------------------------------------- compute_advantages_and_returns
+@pytest.fixture
+def loss_module(monkeypatch):
+    mpu_stub = types.SimpleNamespace(
+        get_context_parallel_world_size=lambda: 1,
+        get_context_parallel_rank=lambda: 0,
+        get_tensor_model_parallel_rank=lambda: 0,
+        is_pipeline_last_stage=lambda: True,
+    )
+    megatron_mod = types.ModuleType("megatron")
+    core_mod = types.ModuleType("megatron.core")
+    core_mod.mpu = mpu_stub
+    monkeypatch.setitem(sys.modules, "megatron", megatron_mod)
+    monkeypatch.setitem(sys.modules, "megatron.core", core_mod)
+    for name in ("slime.backends.megatron_utils.loss", "slime.backends.megatron_utils.cp_utils"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from slime.backends.megatron_utils import loss
+
+    return loss
+
+
+def _rollout(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [3, 5, 4]
+    return {
+        "log_probs": [-torch.rand(n, generator=gen) for n in lengths],
+        "ref_log_probs": [-torch.rand(n, generator=gen) for n in lengths],
+        "rewards": [1.0, -0.5, 0.25],
+        "values": [torch.rand(n, generator=gen) for n in lengths],
+        "response_lengths": lengths,
+        "total_lengths": [n + 2 for n in lengths],
+        "loss_masks": [torch.tensor([1.0] * (n - 1) + [0.0]) for n in lengths],
+    }
+
+
+def _args(estimator, kl_coef):
+    return Namespace(
+        advantage_estimator=estimator,
+        kl_coef=kl_coef,
+        kl_loss_type="k1",
+        use_rollout_logprobs=False,
+        custom_advantage_function_path=None,
+        normalize_advantages=False,
+        use_opd=False,
+        gamma=1.0,
+        lambd=1.0,
+    )
+
+
+ESTIMATORS = ["ppo", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_kl_coef_none_keeps_args_kl_coef_bit_identical(loss_module, estimator):
+    default, explicit = _rollout(1), _rollout(1)
+    loss_module.compute_advantages_and_returns(_args(estimator, 0.05), default)
+    loss_module.compute_advantages_and_returns(_args(estimator, 0.05), explicit, kl_coef=0.05)
+    for key in ("advantages", "returns", "kl"):
+        for a, b in zip(default[key], explicit[key], strict=True):
+            assert torch.equal(a, b), (estimator, key)
+    expected_kl = [lp - ref for lp, ref in zip(default["log_probs"], default["ref_log_probs"], strict=True)]
+    for got, want in zip(default["kl"], expected_kl, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("estimator", ["ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_handed_in_kl_coef_replaces_args_kl_coef(loss_module, estimator):
+    handed, from_args, default = _rollout(2), _rollout(2), _rollout(2)
+    loss_module.compute_advantages_and_returns(_args(estimator, 0.05), handed, kl_coef=0.4)
+    loss_module.compute_advantages_and_returns(_args(estimator, 0.4), from_args)
+    loss_module.compute_advantages_and_returns(_args(estimator, 0.05), default)
+    for a, b in zip(handed["advantages"], from_args["advantages"], strict=True):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, c) for a, c in zip(handed["advantages"], default["advantages"], strict=True))
+
+
+def test_ppo_reward_shaping_uses_the_handed_in_coefficient(loss_module):
+    data = _rollout(3)
+    data["values"] = [torch.zeros(n) for n in data["response_lengths"]]
+    loss_module.compute_advantages_and_returns(_args("ppo", 0.05), data, kl_coef=0.3)
+    for kl, reward, returns in zip(data["kl"], data["rewards"], data["returns"], strict=True):
+        shaped = -0.3 * kl
+        shaped[-1] += reward
+        expected = torch.flip(torch.cumsum(torch.flip(shaped, [0]), 0), [0])  # gamma = lambda = 1, values 0
+        torch.testing.assert_close(returns, expected)
+
+
+def test_observed_kl_is_the_mean_of_per_sample_masked_means(loss_module, monkeypatch):
+    monkeypatch.setattr(loss_module.dist, "all_reduce", lambda tensor, group=None: None)
+    data = {
+        "kl": [torch.tensor([1.0, 3.0, 100.0]), torch.tensor([2.0, 2.0, 2.0, 2.0, 2.0, 2.0])],
+        "loss_masks": [torch.tensor([1.0, 1.0, 0.0]), torch.ones(6)],
+        "response_lengths": [3, 6],
+        "total_lengths": [5, 8],
+    }
+    observed, count = loss_module.reduce_observed_kl(data, group=None)
+    assert count == 2 and observed == pytest.approx((2.0 + 2.0) / 2)  # the masked 100 does not count
+    assert loss_module.reduce_observed_kl({}, group=None) == (None, 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__]))

@@ -1,0 +1,83 @@
+"""PPO with --kl-ctrl adaptive, then a resume from its checkpoint.
+
+Under --ci-test the actor asserts after every step that the coefficient moved with the sign of the KL error and
+is the same on every rank, and on resume that the controller state of the loaded rollout was restored.
+"""
+
+import os
+import tempfile
+
+import slime.utils.external_utils.command_utils as U
+
+MODEL_NAME = "Qwen3-4B"
+MODEL_TYPE = "qwen3-4B"
+NUM_GPUS = 8
+SAVE_DIR = f"/root/{MODEL_NAME}_ppo_adaptive_kl"
+
+
+def prepare():
+    U.exec_command("mkdir -p /root/models /root/datasets")
+    U.exec_command(f"hf download Qwen/{MODEL_NAME} --local-dir /root/models/{MODEL_NAME}")
+    U.hf_download_dataset("zhuzilin/dapo-math-17k")
+    U.convert_checkpoint(model_name=MODEL_NAME, megatron_model_type=MODEL_TYPE, num_gpus_per_node=NUM_GPUS)
+    U.exec_command(f"rm -rf {SAVE_DIR}")
+
+
+def execute(num_rollout: int, load: bool):
+    megatron_config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    megatron_config.write(
+        "megatron:\n"
+        "  - name: default\n    role: critic\n    overrides:\n      lr: 1e-5\n"
+        "  - name: default\n    role: actor\n    overrides:\n      lr: 1e-6\n"
+    )
+    megatron_config.close()
+
+    ckpt_args = (
+        f"--hf-checkpoint /root/models/{MODEL_NAME}/ "
+        f"--ref-load /root/{MODEL_NAME}_torch_dist "
+        f"--save {SAVE_DIR} --save-interval 2 "
+        f"{f'--load {SAVE_DIR} ' if load else ''}"
+    )
+    rollout_args = (
+        "--prompt-data /root/datasets/dapo-math-17k/dapo-math-17k.jsonl "
+        "--input-key prompt --label-key label --apply-chat-template --rollout-shuffle "
+        "--rm-type deepscaler "
+        f"--num-rollout {num_rollout} "
+        "--rollout-batch-size 4 --n-samples-per-prompt 4 "
+        "--rollout-max-response-len 2048 --rollout-temperature 0.8 "
+        "--global-batch-size 16 --balance-data "
+    )
+    perf_args = (
+        "--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1 "
+        "--context-parallel-size 2 "
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+        "--use-dynamic-batch-size --max-tokens-per-gpu 8192 "
+    )
+    # A short horizon so that 4 steps of 16 samples move the coefficient visibly (up to 0.2 * 16 / 200 a step).
+    ppo_args = (
+        "--advantage-estimator ppo "
+        "--kl-coef 0.01 --kl-ctrl adaptive --kl-target 0.001 --kl-horizon 200 --kl-loss-type k1 "
+        "--entropy-coef 0.00 --eps-clip 4e-4 --normalize-advantages "
+    )
+    optimizer_args = (
+        "--optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98 "
+    )
+    sglang_args = "--rollout-num-gpus-per-engine 2 --rollout-num-gpus 8 --sglang-mem-fraction-static 0.8 "
+    misc_args = (
+        "--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 "
+        "--attention-softmax-in-fp32 --attention-backend flash "
+        "--actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate "
+    )
+    train_args = (
+        f"--megatron-config-path {megatron_config.name} {ckpt_args} {rollout_args} {optimizer_args} {ppo_args} "
+        f"{U.get_default_wandb_args(__file__)} {perf_args} {sglang_args} --ci-test {misc_args}"
+    )
+    U.execute_train(train_args=train_args, num_gpus_per_node=NUM_GPUS, megatron_model_type=MODEL_TYPE)
+
+
+if __name__ == "__main__":
+    prepare()
+    for proxy_var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        os.environ.pop(proxy_var, None)
+    execute(num_rollout=2, load=False)  # saves rollout 1 with the controller state
+    execute(num_rollout=4, load=True)  # resumes from rollout 1: --ci-test asserts the state was restored
