@@ -172,7 +172,8 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     from tqdm import tqdm
 
     from slime.ray.actor_group import TrainerGroup
-    from slime.ray.rollout import RolloutManager
+    from slime.ray.rollout import RolloutManager, trainable
+    from slime.rollout.empty_steps import EmptySteps
     from slime.utils import debug_rollout_data
     from slime.utils.checkpoint import load_checkpoint, save_checkpoint
     from slime.utils.kl_controller import build_kl_controller
@@ -183,6 +184,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     progress = progress or RunProgress(args.num_rollout)
     kl_ctrl = build_kl_controller(args, clip=args.kl_ctrl_clip, coef_min=args.kl_coef_min, coef_max=args.kl_coef_max)
     rollout_manager = trainer = bar = None
+    empty_steps = EmptySteps(args, trainable)
     start = 0
     try:
         # Engine processes load while the trainer group starts; we wait for them after.
@@ -215,18 +217,24 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
 
             t0 = time.perf_counter()
             coef_used = kl_ctrl.value
-            train_stats = trainer.train(rollout_id, samples, coef_used)
+            eval_due = _due(rollout_id, args.eval_interval, last) and bool(rollout_manager.eval_sets)
+            train_stats, kl_stats, t_sync = {}, {}, 0.0
+            if samples:
+                empty_steps.trained()
+                train_stats = trainer.train(rollout_id, samples, coef_used)
+            else:  # every sample removed: one line, a metrics row, no update (several in a row stop the run)
+                line, train_stats = empty_steps.skip(rollout_id, groups)
+                tqdm.write(f"train.py: {line}", file=sys.stderr)
             t_train = time.perf_counter() - t0
 
-            kl_stats = _update_kl_controller(args, kl_ctrl, train_stats, len(samples))
-
-            t0 = time.perf_counter()
-            # SFT runs use their engines only to evaluate: push weights just before an evaluation.
-            eval_due = _due(rollout_id, args.eval_interval, last) and bool(rollout_manager.eval_sets)
-            if rollout_manager.needs_engines and (args.loss_type != "sft_loss" or eval_due):
-                trainer.export_hf(str(sync_dir))
-                rollout_manager.update_weights(str(sync_dir))
-            t_sync = time.perf_counter() - t0
+            if samples:
+                kl_stats = _update_kl_controller(args, kl_ctrl, train_stats, len(samples))
+                t0 = time.perf_counter()
+                # SFT runs use their engines only to evaluate: push weights just before an evaluation.
+                if rollout_manager.needs_engines and (args.loss_type != "sft_loss" or eval_due):
+                    trainer.export_hf(str(sync_dir))
+                    rollout_manager.update_weights(str(sync_dir))
+                t_sync = time.perf_counter() - t0
 
             metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
                        **{k: v for k, v in train_stats.items() if not k.startswith("per_sample_")}, **kl_stats,
@@ -240,6 +248,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
             metrics.update(timings)
             logger.log(rollout_id, metrics)  # fsynced: durable before the checkpoint that marks the step done
             progress.logged(rollout_id)
+            empty_steps.stop_if_too_many()  # after the row: the last skipped step is recorded too
             bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                              ("rollout/reward", "opd/reverse_kl", "loss", "time/step") if k in metrics})
 

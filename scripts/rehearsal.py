@@ -10,7 +10,10 @@ cluster's files is swapped, and each swap is printed:
 * devices: 1 trainer process and 1 engine; Megatron's model-shape flags are dropped (the tiny model's
   own config.json describes it);
 * data: a few tasks of the same environment made with ``make_data``, in the same format;
-* sizes: 2 rollouts of 2 episodes, at most 3 turns of 16 tokens (a 2-core CPU must finish in minutes).
+* sizes: 2 rollouts of 2 episodes, at most 3 turns of 16 tokens (a 2-core CPU must finish in minutes), in
+  a response budget of 3072 tokens: the tiny tokenizer spends a token per character, so a B2F step's replayed
+  expert prefix (ScienceWorld observations run to some hundred characters a turn) needs that much room before
+  the student's first turn, or every episode is removed and the step skipped.
 
 Everything else runs as written: the environment path, the generate / rollout / reward / log hooks,
 the curriculum flags, the evaluation. Outputs (``metrics.jsonl`` included) go under ``--dir``.
@@ -146,7 +149,7 @@ def rehearse(argv: list[str], task_env: str, work: Path, python: str = sys.execu
         "--rollout-num-gpus": ["1"],
         "--rollout-backend": ["hf_engine"],
         "--max-turn-response-len": ["16"],
-        "--rollout-max-response-len": ["512"],
+        "--rollout-max-response-len": ["3072"],
         "--save": [str(work / "ckpt")],
         "--metrics-dir": [str(work)],
     }

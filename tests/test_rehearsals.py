@@ -28,16 +28,24 @@ def _rows(folder: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_runtime_gpu_script_rehearses_on_cpu(tmp_path):
+@pytest.mark.parametrize("mode", ["b2f", "f2b"])
+def test_runtime_gpu_script_rehearses_on_cpu(tmp_path, mode):
+    env = {**os.environ, "REHEARSAL": "1", "REHEARSAL_DIR": str(tmp_path), "PYTHON": sys.executable}
+    env.pop("TCOD_MODE", None)
+    if mode == "f2b":  # b2f is the script's default: the quick start's command as written
+        env["TCOD_MODE"] = "f2b"
     out = subprocess.run(["bash", "scripts/run-qwen3-8B-tcod-runtime.sh"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "REHEARSAL": "1", "REHEARSAL_DIR": str(tmp_path),
-                                           "TCOD_MODE": "f2b", "PYTHON": sys.executable})
+                         timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "--rollout-num-gpus 3 -> 1" in out.stdout and "--rollout-backend sglang -> hf_engine" in out.stdout
+    assert "Traceback" not in out.stderr and "skipped" not in out.stderr
     rows = _rows(tmp_path)
-    assert rows[1]["tcod/depth"] == 1  # the script's curriculum (eta 6) at step 1
+    assert rows[1]["tcod/depth"] == 1  # the script's curriculum (eta 6 for f2b, 5 for b2f) at step 1
     assert "eval/scienceworld/success_rate" in rows[1]
-    assert rows[1]["opd/reverse_kl_seq_sum"] != 0  # the teacher server scored the episodes
+    for step in (0, 1):  # every step trained: the teacher server scored the episodes
+        assert rows[step]["rollout/kept"] == 2 and rows[step]["opd/reverse_kl_seq_sum"] != 0
+    if mode == "b2f":
+        assert rows[0]["tcod/prefix_source_expert"] == 2 and rows[0]["tcod/prefix_len"] > 0  # expert prefixes replayed
 
 
 @pytest.mark.slow

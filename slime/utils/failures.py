@@ -3,7 +3,8 @@
 A teacher or engine that cannot be reached (``HTTPRequestError`` after its retries) is named by the flag
 that points at it; a NaN or infinity that reached the trainer (``NonFiniteError``) already says where it
 came from. Both may arrive wrapped by Ray (``RayTaskError.cause``) or chained by ``raise ... from``. A
-rollout where most episodes failed (``TooManyFailures``) quotes up to three of their errors.
+rollout where most episodes failed (``TooManyFailures``) quotes up to three of their errors; steps in a row
+with every sample removed (``EmptyStepsError``) name the commonest reason and the flag to change.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def who_is(args, url: str) -> str:
 def describe_failure(args, err: BaseException) -> str | None:
     """The paragraph for ``err``, or None when it is not one of the failures described here."""
     from slime.ray.rollout import TooManyFailures
+    from slime.rollout.empty_steps import EmptyStepsError
 
-    if isinstance(err, TooManyFailures):  # raised in this process, never wrapped by Ray
+    if isinstance(err, (TooManyFailures, EmptyStepsError)):  # raised in this process, never wrapped by Ray
         return str(err)
     root = _root_cause(err)
     if isinstance(root, HTTPRequestError):
