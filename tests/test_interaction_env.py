@@ -75,6 +75,7 @@ def make_args(env_path, **overrides):
         use_opd=False,
         opd_type=None,
         use_tcod=False,
+        apply_chat_template=False,
         apply_chat_template_kwargs={},
     )
     return Namespace(**{**values, **overrides})

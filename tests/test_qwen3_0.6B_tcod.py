@@ -44,9 +44,9 @@ def prepare():
         model_name=MODEL_NAME, megatron_model_type=MODEL_TYPE, num_gpus_per_node=NUM_TRAIN_GPUS, dir_dst="/root/models"
     )
     # 4x4 grids whose expert path has 2 to 4 moves, so that b2f replays a prefix at every depth.
-    for split, seed in (("train", 0), ("eval", 100000)):
+    for split, seed, extra in (("train", 0, ""), ("eval", 100000, f"--exclude {DATA_DIR}/train.jsonl ")):
         U.exec_command(
-            f"cd {U.repo_base_dir} && python -m examples.multi_turn_tcod.envs.make_data --env gridnav "
+            f"cd {U.repo_base_dir} && python -m examples.multi_turn_tcod.envs.make_data --env gridnav {extra}"
             f"--n 64 --seed {seed} --size 4 --min-len 2 --max-len {MAX_TURNS} --out {DATA_DIR}/{split}.jsonl"
         )
 

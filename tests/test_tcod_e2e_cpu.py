@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
     sys.path.insert(0, str(REPO_ROOT))
 
 NUM_GPUS = 0
+pytestmark = pytest.mark.unit
 
 
 def _megatron_parse_args(extra_args_provider=None, ignore_unknown_args=False):
@@ -278,9 +279,8 @@ class RolloutManagerState:
         self.code.sample_hooks.set_current_rollout_id(rollout_id)
         samples, _ = self._get_rollout_data(rollout_id=rollout_id)
         data = self._convert_samples_to_train_data(samples)
-        self.code.rollout_data_utils.tensorize_rollout_data_for_training(
-            data
-        )  # what _split_train_data_by_dp ships to the trainer
+        # What _split_train_data_by_dp ships to the trainer.
+        self.code.rollout_data_utils.tensorize_rollout_data_for_training(data)
         self.code.loss.compute_advantages_and_returns(self.args, data)
         return samples, data
 
@@ -347,6 +347,7 @@ def test_routing_replay_converts_a_batch_with_a_failed_episode(
     path, _ = hf_checkpoint
     student, teacher = servers
     (tmp_path / "failing_env.py").write_text(FAILING_ENV)
+    monkeypatch.setitem(sys.modules, "rollout_env_failing_env", None)  # the module the loop loads leaves after
     routing = f"--use-rollout-routing-replay --num-layers {LAYERS} --moe-router-topk {TOPK}"
     env = str(tmp_path / "failing_env.py")
     args = run_args(slime_code, monkeypatch, tmp_path, path, student, teacher, "b2f", 1.0, env=env, extra=routing)

@@ -19,14 +19,13 @@ if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
 from examples.multi_turn_tcod import metrics, rollout  # noqa: E402
 from examples.multi_turn_tcod.envs import gridnav as gridnav_module  # noqa: E402
 from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from slime.rollout import sample_hooks  # noqa: E402
 from slime.rollout.tcod import b2f_prefix_length, curriculum_depth, episode_plan  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 NUM_GPUS = 0
+pytestmark = pytest.mark.unit
 
 # Qwen3's generation prompt: with enable_thinking=False an empty think block opens the assistant turn.
 QWEN3_LIKE_TEMPLATE = (
@@ -75,6 +74,11 @@ def test_training_needs_the_current_rollout_id():
 @pytest.fixture(scope="module")
 def tokenizer():
     """Character-level ChatML tokenizer built here; ``<think>`` is an added, non-special token as in Qwen3."""
+    with pytest.MonkeyPatch.context() as mp:  # past another test's transformers stub, if one is installed
+        if "transformers" in sys.modules and getattr(sys.modules["transformers"], "__file__", None) is None:
+            mp.delitem(sys.modules, "transformers")
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
     chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
     vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
@@ -95,6 +99,8 @@ class FakeState:
 class ScriptedEngine:
     """Answers /generate with scripted replies, cut at ``max_new_tokens`` as SGLang cuts them."""
 
+    routing = True  # routed experts when the payload asks for them
+
     def __init__(self, tokenizer, policy):
         self.tokenizer, self.policy, self.requests, self.headers = tokenizer, policy, [], []
 
@@ -111,7 +117,9 @@ class ScriptedEngine:
         finish = {"type": "length"} if len(ids) > limit else {"type": "stop", "matched": ids[-1]}
         ids = ids[:limit]
         meta = {"finish_reason": finish, "output_token_logprobs": [[-0.5, i, None] for i in ids]}
-        if payload.get("return_routed_experts"):  # as SGLang: base64 int32, a row per token but the last
+        if (
+            payload.get("return_routed_experts") and self.routing
+        ):  # as SGLang: base64 int32, a row per token but the last
             rows = [[t % 8, (t + 1) % 8] * 2 for t in payload["input_ids"] + ids[:-1]]
             meta["routed_experts"] = base64.b64encode(np.asarray(rows, dtype=np.int32).tobytes()).decode()
         return {"text": self.tokenizer.decode(ids), "meta_info": meta}
@@ -155,7 +163,7 @@ def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_
     state = state or FakeState(tokenizer)
     monkeypatch.setattr(rollout, "post", engine.post)
     monkeypatch.setattr(rollout, "GenerateState", lambda args: state)
-    sample_hooks.set_current_rollout_id(step)
+    monkeypatch.setattr(sample_hooks, "_current_rollout_id", step)
     sample = Sample(index=0, prompt=row["input"], label=row["label"], metadata=dict(row["metadata"]), **fields)
     params = {"temperature": 1.0, "max_new_tokens": max_new_tokens}
     return asyncio.run(rollout.generate(args, sample, params, evaluation)), engine
@@ -279,10 +287,14 @@ def test_megatron_teacher_trains_pure_opd(monkeypatch, tokenizer, tasks):
     assert sample.reward == 0.0 and sample.metadata["task_reward"] == 1.0  # logged, not trained
 
 
-def test_an_aborted_reply_ends_the_episode_at_once(monkeypatch, tokenizer, tasks):
-    sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False), tasks[0], step=0, policy=lambda i: None)
-    assert len(engine.requests) == 1 and sample.status == Sample.Status.ABORTED
-    assert sample.metadata["outcome"] == "aborted" and sample.metadata["num_turns"] == 0
+@pytest.mark.parametrize("by_abort", [True, False])  # slime's abort(), or the engine on its own (not trained)
+def test_an_aborted_reply_ends_the_episode_at_once(monkeypatch, tokenizer, tasks, by_abort):
+    state = FakeState(tokenizer)
+    policy = lambda i: setattr(state, "aborted", by_abort)  # noqa: E731 - the reply is None: aborted
+    sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False), tasks[0], 0, policy, state=state)
+    outcome, status = ("aborted", Sample.Status.ABORTED) if by_abort else ("engine_abort", Sample.Status.FAILED)
+    assert len(engine.requests) == 1 and sample.status == status and sample.remove_sample
+    assert sample.metadata["outcome"] == outcome and sample.metadata["num_turns"] == 0
 
 
 def test_an_environment_fault_fails_only_its_episode(monkeypatch, tokenizer, tasks):
@@ -334,6 +346,9 @@ def test_routing_of_a_failed_episode_passes_the_replay_check(monkeypatch, tokeni
     routed = torch.as_tensor(sample.rollout_routed_experts)
     assert routed.shape == (len(sample.tokens) - 1, 3, 2)
     assert all(torch.count_nonzero(routed[:, layer, :]) for layer in range(3))
+    monkeypatch.setattr(ScriptedEngine, "routing", False)  # a trained episode is never given made-up routing
+    with pytest.raises(ValueError, match="routed 0 of"):
+        play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "up")
 
 
 def test_rollout_log_hook_metrics_and_ci_checks(monkeypatch, tokenizer, tasks):

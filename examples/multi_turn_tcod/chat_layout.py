@@ -46,6 +46,8 @@ def observation_text(tokenizer, message: dict, chat_template_kwargs: dict | None
     kwargs = chat_template_kwargs or {}
     full = tokenizer.apply_chat_template(_DUMMY + [message], tokenize=False, add_generation_prompt=True, **kwargs)
     head = tokenizer.apply_chat_template(_DUMMY, tokenize=False, add_generation_prompt=False, **kwargs)
+    if not full.startswith(head):
+        raise ValueError("the chat template renders a message differently once another follows it")
     return "\n" + full[len(head) :]
 
 

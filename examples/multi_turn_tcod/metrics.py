@@ -85,17 +85,13 @@ def _check_ci(args, rollout_id: int, samples, metrics: dict) -> None:
         assert metrics["tcod/teacher_scored"] == 1.0, f"rollout {rollout_id}: unscored trajectories"
 
 
-def _flatten(samples):
-    for s in samples:
-        if isinstance(s, list):
-            yield from _flatten(s)
-        else:
-            yield s
+def _flatten(samples) -> list:
+    return [x for s in samples for x in (_flatten(s) if isinstance(s, list) else [s])]
 
 
 def log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool:
     """slime's ``--custom-rollout-log-function-path`` hook; returns False to keep the default logging."""
-    samples = list(_flatten(samples))
+    samples = _flatten(samples)
     metrics = rollout_metrics(args, samples)
     if getattr(args, "ci_test", False):
         _check_ci(args, rollout_id, samples, metrics)

@@ -7,7 +7,8 @@ of ``examples/geo3k_vlm_multi_turn``).
 
 Token in, token out: the sequence grows only by the engine's sampled ids (trainable) and encoded
 observations (masked), following ``slime.rollout.tcod.episode_plan`` for the current rollout id.
-``metadata["outcome"]`` is one of done, cut, max_turns, context_full, replay_finished, aborted, env_error;
+``metadata["outcome"]`` is one of done, cut, max_turns, context_full, replay_finished, aborted, engine_abort,
+env_error;
 episodes that must not train (the environment failed, a B2F replay finished the task) get
 ``remove_sample = True``. Training is pure OPD: ``sample.reward`` is ``None`` for the teacher's reward
 model (``--opd-type sglang``) or 0.0 (``--opd-type megatron``); the return is ``metadata["task_reward"]``.
@@ -20,6 +21,7 @@ import logging
 import math
 import numbers
 import sys
+import uuid
 from pathlib import Path
 
 import torch
@@ -43,11 +45,8 @@ class EnvironmentFault(RuntimeError):
 
 
 async def in_thread(timeout: float, fn, *call_args, env=None):
-    """``fn(*call_args)`` off the event loop (environments may block); ``asyncio.TimeoutError`` after ``timeout`` s.
-
-    An env (or env module, for ``build_env``) with ``blocking = False`` (pure Python, fast) is called on the
-    event loop: no thread hop, no timeout.
-    """
+    """``fn(*call_args)`` in a thread, ``asyncio.TimeoutError`` after ``timeout`` s; on the event loop (no thread
+    hop, no timeout) for an env, or env module for ``build_env``, with ``blocking = False`` (pure Python, fast)."""
     if not getattr(env, "blocking", True):
         return fn(*call_args)
     return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
@@ -231,7 +230,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
             return "context_full"
         text = await ep.student_turn(prefix_turns + turn)
         if text is None:
-            return "aborted"
+            return "aborted" if ep.state.aborted else "engine_abort"
         observation, done = await ep.step(text)
         if done:
             return "done"
@@ -242,7 +241,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
 
 def prompt_ids(ep: Episode) -> list[int]:
     """``sample.prompt`` as ids; with ``--apply-chat-template`` the dataset has rendered it already."""
-    if ep.args.apply_chat_template and isinstance(ep.sample.prompt, str):
+    if getattr(ep.args, "apply_chat_template", False) and isinstance(ep.sample.prompt, str):
         return ep.tokenizer.encode(ep.sample.prompt, add_special_tokens=False)
     return encode_prompt(ep.tokenizer, ep.sample.prompt, ep.template_kwargs)
 
@@ -253,10 +252,12 @@ def fill_routed_experts(args, sample: Sample) -> None:
     rows = len(sample.tokens) - 1
     routed = sample.rollout_routed_experts
     routed = torch.as_tensor(routed if routed is not None else torch.empty(0, args.num_layers, args.moe_router_topk))
-    if routed.shape[0] < rows:
-        experts = torch.arange(args.moe_router_topk, dtype=torch.int32).expand(args.num_layers, -1)
-        pad = experts.expand(rows - routed.shape[0], -1, -1)
-        sample.rollout_routed_experts = torch.cat([routed.to(torch.int32), pad])
+    if routed.shape[0] >= rows or sample.status == Sample.Status.ABORTED:
+        return
+    if not sample.remove_sample:  # a trained episode replays only what the engine routed
+        raise ValueError(f"--use-rollout-routing-replay: the engine routed {routed.shape[0]} of {rows} tokens")
+    experts = torch.arange(args.moe_router_topk, dtype=torch.int32).expand(args.num_layers, -1)
+    sample.rollout_routed_experts = torch.cat([routed.to(torch.int32), experts.expand(rows - len(routed), -1, -1)])
 
 
 STATUS = {
@@ -264,6 +265,7 @@ STATUS = {
     "cut": Sample.Status.COMPLETED,  # the curriculum's cut is a normal end
     "aborted": Sample.Status.ABORTED,
     "env_error": Sample.Status.FAILED,
+    "engine_abort": Sample.Status.FAILED,  # the engine aborted a request that abort() did not
 }
 
 
@@ -273,6 +275,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     if not getattr(args, "max_turns", None):
         raise ValueError("max_turns must be set via --custom-config-path in the custom config file.")
     sample.metadata = sample.metadata or {}
+    sample.session_id = sample.session_id or str(uuid.uuid4())  # evaluation keeps engine affinity too
     plan = episode_plan(args, get_current_rollout_id(), evaluation)
     sample.metadata["episode_plan"] = plan
     ep = Episode(args, sample, sampling_params, evaluation)
@@ -289,7 +292,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
             except Exception as err:  # a close that fails does not undo the episode
                 logger.warning("env.close() failed for sample %s: %r", sample.index, err)
     sample.status = STATUS.get(outcome, Sample.Status.TRUNCATED)
-    if outcome in ("env_error", "replay_finished") or not any(sample.loss_mask or []):
+    if outcome in ("env_error", "engine_abort", "replay_finished") or not any(sample.loss_mask or []):
         sample.remove_sample = True
         if not sample.tokens:
             sample.tokens = prompt_ids(ep)

@@ -106,11 +106,9 @@ PERF_ARGS=(
    --context-parallel-size 1
    --expert-model-parallel-size 1
    --expert-tensor-parallel-size 1
-
    --recompute-granularity full
    --recompute-method uniform
    --recompute-num-layers 1
-
    --use-dynamic-batch-size
    --max-tokens-per-gpu 16384
 )

@@ -19,7 +19,8 @@ def add_tcod_arguments(parser):
         action="store_true",
         default=False,
         help=(
-            "Enable TCOD's temporal curriculum for multi-turn on-policy distillation. "
+            "Enable TCOD's temporal curriculum for multi-turn on-policy distillation, played by a generate "
+            "function that reads it (examples/multi_turn_tcod). "
             "Requires --use-opd, --tcod-eta and max_turns (set by the --custom-config-path YAML)."
         ),
     )

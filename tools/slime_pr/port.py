@@ -53,7 +53,7 @@ GETTER = "\n\ndef get_current_rollout_id() -> int | None:\n    return _current_r
 DOC_ANCHOR = "   advanced/on-policy-distillation.md\n"
 DOC_LINE = "   advanced/multi-turn-tcod.md\n"
 EXAMPLES_README = "examples/README.md"
-EXAMPLES_ANCHOR = "- **[on_policy_distillation](./on_policy_distillation)**"
+EXAMPLES_ANCHOR = "- **[multi_agent](./multi_agent)**"  # the list is alphabetical
 EXAMPLES_LINE = (
     "- **[multi_turn_tcod](./multi_turn_tcod)**: Multi-turn on-policy distillation of text agents with TCOD's "
     "temporal curriculum (front-to-back or back-to-front trajectory depth).\n"

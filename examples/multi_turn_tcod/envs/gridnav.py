@@ -112,7 +112,7 @@ class GridNavEnv(PuzzleEnv):
 
 
 def build_env(sample=None, args=None):
-    """Upstream's environment hook: ``rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav``."""
+    """``build_env(sample, args)`` for ``rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav``."""
     del args
     return GridNavEnv(sample_metadata(sample))
 
