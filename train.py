@@ -100,6 +100,24 @@ def main(argv=None) -> int:
         return 0
     for note in notes:
         print(f"train.py: {note}", file=sys.stderr)
+    from slime.utils.output_paths import OutputLock, default_metrics_dir
+
+    try:
+        fresh = default_metrics_dir(args)
+        if fresh is not None:
+            print(f"train.py: no --save or --metrics-dir: this run writes to {fresh}", file=sys.stderr)
+        lock = OutputLock(args)  # a second run into these folders is refused until this one ends
+    except ArgumentError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        return _launch(args)
+    finally:
+        lock.release()
+
+
+def _launch(args) -> int:
+    """The run after its checks: preflight, Ray, the loop; returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from slime.utils.preflight import preflight
 
@@ -197,7 +215,8 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
         rollout_manager.wait_engines()
         if local_ray is not None:
             local_ray.record()  # the trainer actors' worker processes, now that they run
-        logger = MetricsLogger(args, resume_step=start if args.load else None)
+        # Resuming from step 0 (a --load that holds no checkpoint yet) runs the evaluation before training again.
+        logger = MetricsLogger(args, resume_step=(start or -1) if args.load else None)
         progress.metrics = logger.path
         last = args.num_rollout - 1
 

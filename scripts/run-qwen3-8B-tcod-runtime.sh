@@ -66,7 +66,11 @@ case "${TRAIN_BACKEND}" in
 esac
 
 CKPT_ARGS=(--hf-checkpoint "${STUDENT}" --ref-load "${STUDENT}" --save "${SAVE}" --save-interval 25)
-[ -f "${SAVE}/latest_checkpointed_iteration.txt" ] && CKPT_ARGS+=(--load "${SAVE}")
+# A SAVE that holds a run (a checkpoint, or metrics rows of a run that stopped before its first one) is resumed:
+# train.py refuses a fresh run into it.
+if [ -f "${SAVE}/latest_checkpointed_iteration.txt" ] || [ -s "${SAVE}/metrics.jsonl" ]; then
+  CKPT_ARGS+=(--load "${SAVE}")
+fi
 
 ROLLOUT_ARGS=(
   --prompt-data "${DATA}" --input-key input --label-key label --metadata-key metadata

@@ -245,7 +245,8 @@ def add_performance_arguments(parser):
 def add_logging_arguments(parser):
     g = parser.add_argument_group("logging")
     g.add_argument("--metrics-dir", type=str, default=None,
-                   help="where metrics.jsonl goes (default: --save, else ./outputs)")
+                   help="where metrics.jsonl goes (default: --save, else a new folder outputs/run-DATE-TIME, "
+                        "named at start); a folder that holds another run's rows is refused unless --load resumes it")
     g.add_argument("--use-tensorboard", action="store_true",
                    help="also log every step's metrics to TensorBoard (tensorboard/ in the --metrics-dir folder)")
     g.add_argument("--use-wandb", action="store_true", help="also log every step's metrics to Weights & Biases")

@@ -16,7 +16,7 @@ import os
 from slime.utils.argument_error import ArgumentError
 from slime.utils.config_keys import config_key_warnings
 from slime.utils.data_overlap import overlap_warnings
-from slime.utils.output_paths import check_output_dirs
+from slime.utils.output_paths import check_fresh_outputs, check_output_dirs
 from slime.utils.plugin_paths import check_plugin_paths, raised_at_import
 from slime.utils.resume_checks import check_resume
 from slime.utils.task_envs import check_task_envs
@@ -46,6 +46,7 @@ def check_launch(args) -> list[str]:
     check_rm_url(args)
     notes += unused_rm_url_notes(args)
     check_output_dirs(args)
+    check_fresh_outputs(args)
     notes += config_key_warnings(args)
     _check_cluster(args)
     check_plugin_paths(args)
