@@ -1,16 +1,14 @@
 """Fixed vs adaptive reward-side KL coefficient on a tiny PPO run (policy + value model) on CPU.
 
-Task: the reward is the share of vowels in the answer. A randomly initialised tiny policy writes a
-vowel about 5% of the time, so the reward pulls it steadily away from the reference; the only brake is
-the reward-side KL, ``r_t - beta * KL_t``. Both runs start from the same weights, prompts, seeds and
-beta; only ``--kl-ctrl`` differs. The default start beta (0.2) is too large for the default target
-(0.3 nat per token): held fixed it keeps the KL near 0.06, while the adaptive controller lowers it until
-the KL reaches the target. (A too-small fixed beta overshoots instead: 0.02 drives this policy to
-~3.2 nat per token and a collapsed, all-vowel policy that the controller needs far more steps to undo.)
+Task: the reward is the share of vowels in the answer, which pulls the policy steadily away from the
+reference; the only brake is the reward-side KL, ``r_t - beta * KL_t``. For each seed, four runs share
+weights, prompts and seeds: a fixed low and a fixed high beta, and ``--kl-ctrl adaptive`` starting from
+each. The controller is slime/utils/kl_controller.py, the file the slime PR ships; the KL it reads is each
+sample's per-token mean, averaged over samples.
 
     python benchmarks/adaptive_kl_ppo.py --out outputs/adaptive_kl_bench
 
-Writes ``{out}/{fixed,adaptive}/metrics.jsonl``, ``{out}/adaptive_kl_ppo.png`` and prints the table.
+Writes ``{out}/seed{N}/{ctrl}_{beta}/metrics.jsonl`` and prints the table of docs/en/advanced/adaptive-kl.md.
 The helpers (reward, data, argv) are shared with tests/test_adaptive_kl_integration.py.
 """
 
@@ -28,7 +26,9 @@ PROMPTS = ["Write:", "Say it:", "Go:", "Answer:", "Type:", "Reply:", "Now:", "Ne
 async def share_of_vowels(args, sample, **kwargs) -> float:
     """Dense reward in [0, 1]: the fraction of the response text (end token stripped) that is a vowel."""
     text = sample.response.replace("<|im_end|>", "")
-    return sum(ch in TARGET_CHARS for ch in text) / max(1, len(text))
+    reward = sum(ch in TARGET_CHARS for ch in text) / max(1, len(text))
+    sample.metadata["task_reward"] = reward  # what `rollout/reward` reports
+    return reward
 
 
 def write_task(root: Path) -> tuple[Path, Path]:
@@ -43,14 +43,14 @@ def write_task(root: Path) -> tuple[Path, Path]:
 
 
 def train_argv(model: Path, data: Path, out: Path, *, ctrl: str, num_rollout: int, kl_coef: float,
-               kl_target: float, horizon: float, estimator: str = "ppo", lr: float = 2e-2) -> list[str]:
+               kl_target: float, horizon: float, estimator: str = "ppo", lr: float = 2e-2, seed: int = 7) -> list[str]:
     """train.py flags of one run: 8 prompts x 2 samples, 8 new tokens each, one optimizer step per batch."""
     argv = [
         "--hf-checkpoint", str(model), "--prompt-data", str(data), "--apply-chat-template",
         "--custom-rm-path", "benchmarks.adaptive_kl_ppo.share_of_vowels",
         "--advantage-estimator", estimator, "--num-rollout", str(num_rollout),
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-        "--global-batch-size", "16", "--micro-batch-size", "16", "--rollout-seed", "7", "--seed", "7",
+        "--global-batch-size", "16", "--micro-batch-size", "16", "--rollout-seed", str(seed), "--seed", str(seed),
         "--lr", str(lr), "--critic-lr", str(lr), "--actor-num-gpus-per-node", "1",
         "--kl-coef", str(kl_coef), "--kl-ctrl", ctrl, "--kl-ctrl-unit", "token",
         "--metrics-dir", str(out),
@@ -60,39 +60,32 @@ def train_argv(model: Path, data: Path, out: Path, *, ctrl: str, num_rollout: in
     return argv
 
 
+KL_KEY = "kl/observed_sample_mean"  # each sample's per-token mean, averaged over samples: the controller's input
+
+
 def relative_deviation(kls: list[float], target: float) -> float:
     """Mean of |KL / target - 1| over the given steps."""
     return sum(abs(k / target - 1.0) for k in kls) / len(kls)
 
 
-def _plot(runs: dict, target: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_kl, ax_coef) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name, records in runs.items():
-        steps = [r["step"] for r in records]
-        ax_kl.plot(steps, [r["kl/observed_token_mean"] for r in records], marker=".", label=name)
-        ax_coef.plot(steps, [r["kl_ctrl/coef_used"] for r in records], marker=".", label=name)
-    ax_kl.axhline(target, color="grey", linestyle="--", label="target")
-    ax_kl.set(xlabel="step", ylabel="observed KL (per-token mean)", title="policy vs reference KL")
-    ax_coef.set(xlabel="step", ylabel="beta used for the batch", yscale="log", title="KL coefficient")
-    ax_kl.legend()
-    ax_coef.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def summarize(records: list[dict], target: float) -> dict:
+    """Second-half deviation from the target, first step with KL >= target (None: never), second-half reward."""
+    half = records[len(records) // 2:]
+    first = next((r["step"] for r in records if r[KL_KEY] >= target), None)
+    return {"dev": relative_deviation([r[KL_KEY] for r in half], target), "first": first,
+            "reward": sum(r["rollout/reward"] for r in half) / len(half), "kl": sum(r[KL_KEY] for r in half) / len(half),
+            "coef_end": records[-1]["kl_ctrl/coef"]}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="outputs/adaptive_kl_bench")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--last", type=int, default=15, help="steps averaged for the deviation")
-    p.add_argument("--kl-coef", type=float, default=0.2, help="the fixed beta and the adaptive start")
-    p.add_argument("--kl-target", type=float, default=0.3, help="per-token mean KL")
-    p.add_argument("--kl-horizon", type=float, default=32, help="16 samples per batch: clip 0.2 -> +-10%%")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--coef-low", type=float, default=0.02, help="the low fixed beta and one adaptive start")
+    p.add_argument("--coef-high", type=float, default=0.2, help="the high fixed beta and the other adaptive start")
+    p.add_argument("--kl-target", type=float, default=0.3, help="per-sample mean KL per token, averaged over samples")
+    p.add_argument("--kl-horizon", type=float, default=32, help="16 samples per batch: clip 0.2 -> +-10%% a step")
     a = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -101,25 +94,27 @@ def main(argv=None) -> int:
 
     out = Path(a.out)
     model, data = write_task(out)
-    runs = {}
-    for ctrl in ("fixed", "adaptive"):
-        run_out = out / ctrl
-        (run_out / "metrics.jsonl").unlink(missing_ok=True)
-        train.main(train_argv(model, data, run_out, ctrl=ctrl, num_rollout=a.steps, kl_coef=a.kl_coef,
-                              kl_target=a.kl_target, horizon=a.kl_horizon))
-        runs[ctrl] = read_metrics(run_out / "metrics.jsonl")
+    configs = [("fixed", a.coef_low), ("fixed", a.coef_high), ("adaptive", a.coef_low), ("adaptive", a.coef_high)]
+    rows = {}
+    for seed in a.seeds:
+        for ctrl, coef in configs:
+            run_out = out / f"seed{seed}" / f"{ctrl}_{coef:g}"
+            (run_out / "metrics.jsonl").unlink(missing_ok=True)
+            train.main(train_argv(model, data, run_out, ctrl=ctrl, num_rollout=a.steps, kl_coef=coef,
+                                  kl_target=a.kl_target, horizon=a.kl_horizon, seed=seed))
+            rows.setdefault((ctrl, coef), []).append(summarize(read_metrics(run_out / "metrics.jsonl"), a.kl_target))
 
-    dev = {name: relative_deviation([r["kl/observed_token_mean"] for r in recs[-a.last:]], a.kl_target)
-           for name, recs in runs.items()}
-    print(f"\ntarget per-token KL {a.kl_target}, start beta {a.kl_coef}, {a.steps} steps, last {a.last} averaged")
-    print(f"{'step':>4} | {'fixed KL':>9} {'beta':>8} | {'adaptive KL':>11} {'beta':>8}")
-    for f, d in zip(runs["fixed"], runs["adaptive"]):
-        print(f"{f['step']:>4} | {f['kl/observed_token_mean']:>9.4f} {f['kl_ctrl/coef_used']:>8.4f} | "
-              f"{d['kl/observed_token_mean']:>11.4f} {d['kl_ctrl/coef_used']:>8.4f}")
-    print(f"mean |KL/target - 1| over the last {a.last} steps: fixed {dev['fixed']:.3f}, "
-          f"adaptive {dev['adaptive']:.3f}, ratio fixed/adaptive {dev['fixed'] / dev['adaptive']:.1f}x")
-    _plot(runs, a.kl_target, out / "adaptive_kl_ppo.png")
-    print(f"plot: {out / 'adaptive_kl_ppo.png'}")
+    print(f"\ntarget {a.kl_target} (per-sample mean KL per token), horizon {a.kl_horizon}, {a.steps} steps, "
+          f"seeds {a.seeds}; deviation, KL and reward averaged over steps {a.steps // 2}..{a.steps - 1}")
+    print("| run | mean abs(KL/target - 1) | KL | first step KL >= target | reward | final beta |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (ctrl, coef), per_seed in rows.items():
+        def col(key, fmt):
+            return " / ".join(fmt.format(r[key]) if r[key] is not None else "never" for r in per_seed)
+
+        mean_dev = sum(r["dev"] for r in per_seed) / len(per_seed)
+        print(f"| {ctrl} beta {coef:g} | {mean_dev:.2f} ({col('dev', '{:.2f}')}) | {col('kl', '{:.3f}')} | "
+              f"{col('first', '{}')} | {col('reward', '{:.3f}')} | {col('coef_end', '{:.3g}')} |")
     return 0
 
 
