@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import sys
 
 # Split out (with their validation); importable from here as before.
 from slime.utils.algorithm_arguments import (  # noqa: F401
@@ -27,7 +28,9 @@ from slime.utils.algorithm_arguments import (  # noqa: F401
 from slime.utils.argument_error import ArgumentError, fail as _fail
 from slime.utils.cli_parser import LaunchParser
 from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
-from slime.utils.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
+from slime.utils.multi_turn_arguments import (
+    add_multi_turn_arguments, add_tcod_group, apply_custom_config, validate_multi_turn_tcod_args,
+)
 # The two names upstream's arguments.py gets from port.py, importable from here as there.
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args  # noqa: F401
 
@@ -292,6 +295,9 @@ def parse_args(add_custom_arguments=None, argv=None):
     parser = get_parser(add_custom_arguments)
     args = parser.parse_args(argv)
     try:
+        # The YAML first, with the parser: its keys take their flags' types; overrides of typed flags are named.
+        for line in apply_custom_config(args, parser, sys.argv[1:] if argv is None else argv):
+            print(f"{parser.prog}: warning: {line}", file=sys.stderr)
         validate_args(args)
     except ArgumentError as err:
         # One line naming the flag and the fix; argparse's usage block would bury it.

@@ -1,8 +1,10 @@
-"""Warn about a ``--custom-config-path`` key that nothing reads but that is one slip from a key that is read.
+"""``--custom-config-path`` keys: typed as their flags, overrides named, near misses warned about.
 
 Upstream applies every YAML key onto ``args``, so a misspelled ``max_turn_respone_len`` is set, read by
 nobody, and the run uses the flag's default. Unknown keys stay allowed (a plugin may read its own); only
-a near miss of a known key is warned about.
+a near miss of a known key is warned about. A key that names a flag takes the flag's type (``typed_value``:
+PyYAML reads ``1e-3`` as a string, which would crash the optimizer after Ray started) or is refused; one
+that overrides a flag given on the command line is named with both values (upstream's rule, YAML wins, stays).
 """
 
 from __future__ import annotations
@@ -62,3 +64,63 @@ def config_key_warnings(args) -> list[str]:
         if key not in known and (meant := nearest_key(key, known)):
             notes.append(f"warning: --custom-config-path key {key!r} is read by nothing; did you mean {meant!r}?")
     return notes
+
+
+def flag_actions(parser) -> dict:
+    """``dest -> argparse action`` for every flag of ``parser`` (the first action of a dest wins)."""
+    actions = {}
+    for action in parser._actions:
+        if action.option_strings:
+            actions.setdefault(action.dest, action)
+    return actions
+
+
+def given_on_command_line(parser, argv) -> dict:
+    """``dest -> the option string the user typed`` for the flags in ``argv``."""
+    by_option = {opt: action.dest for action in parser._actions for opt in action.option_strings}
+    given = {}
+    for token in argv:
+        option = token.split("=", 1)[0]
+        if option in by_option:
+            given.setdefault(by_option[option], option)
+    return given
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
+
+
+def _one(action, value, where: str):
+    """``value`` as the flag's own parser would make it from the command line, or ``ValueError``."""
+    kind = action.type or str
+    if kind in _TYPE_NAMES:
+        if isinstance(value, bool) or isinstance(value, (list, dict)) or (kind is int and isinstance(value, float)
+                                                                          and not value.is_integer()):
+            raise ValueError(f"{where} must be {_TYPE_NAMES[kind]}")
+        try:
+            value = kind(value)  # YAML's 1e-3 is a string, its 2 an int: each as the command line would give it
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} must be {_TYPE_NAMES[kind]}") from None
+    elif isinstance(value, str):  # a converter of its own (json.loads, a parser function): it reads text
+        try:
+            value = kind(value)
+        except Exception as err:  # noqa: BLE001 - any converter's refusal is the user's input
+            raise ValueError(f"{where} is not accepted by the flag's parser: {err}") from None
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{where} must be one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def typed_value(action, value, key: str):
+    """A ``--custom-config-path`` value in the type of the flag it sets, or ``ValueError`` naming both."""
+    flag = action.option_strings[-1]
+    where = f"key {key!r} = {value!r} (for {flag})"
+    if value is None:
+        return None  # as a flag whose default is None
+    if action.nargs == 0:  # store_true / store_false
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false")
+        return value
+    if action.nargs in ("+", "*") or isinstance(action.nargs, int):
+        items = value if isinstance(value, list) else [value]
+        return [_one(action, item, where) for item in items]
+    return _one(action, value, where)

@@ -83,11 +83,17 @@ def validate_prefix_source(args) -> None:
             args.custom_generate_function_path = TEACHER_PREFIX_GENERATE
 
 
-def apply_custom_config(args) -> None:
-    """Set every key of the ``--custom-config-path`` YAML on ``args`` (upstream's semantics)."""
-    if not args.custom_config_path:
-        return
+def apply_custom_config(args, parser=None, argv=None) -> list[str]:
+    """Set every key of the ``--custom-config-path`` YAML on ``args`` (upstream's semantics); returns one line
+    per flag given on the command line that a key overrides.
+
+    With the ``parser`` (``parse_args`` passes it), a key that names a flag takes that flag's type or is
+    refused, and ``argv`` tells which flags the user typed. Applied once: validation calls it again."""
+    if not args.custom_config_path or getattr(args, "_custom_config_applied", False):
+        return []
     import yaml
+
+    from slime.utils.config_keys import flag_actions, given_on_command_line, typed_value
 
     path = Path(args.custom_config_path)
     if not path.is_file():
@@ -98,8 +104,22 @@ def apply_custom_config(args) -> None:
         _fail(f"--custom-config-path {path}: not valid YAML ({str(err).splitlines()[0]})")
     if not isinstance(data, dict):
         _fail(f"--custom-config-path {path}: the YAML must be a mapping of argument names to values")
+    actions = flag_actions(parser) if parser is not None else {}
+    given = given_on_command_line(parser, argv) if parser is not None else {}
+    overrides = []
     for key, value in data.items():
-        setattr(args, str(key).replace("-", "_"), value)
+        name = str(key).replace("-", "_")
+        if name in actions:
+            try:
+                value = typed_value(actions[name], value, str(key))
+            except ValueError as err:
+                _fail(f"--custom-config-path {path}: {err}")
+        if name in given and getattr(args, name, None) != value:
+            overrides.append(f"--custom-config-path {path}: {key}: {value!r} overrides {given[name]} "
+                             f"{getattr(args, name)!r} given on the command line (the YAML wins, as in slime)")
+        setattr(args, name, value)
+    args._custom_config_applied = parser is not None
+    return overrides
 
 
 def validate_multi_turn_args(args) -> None:
