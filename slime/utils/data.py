@@ -24,17 +24,28 @@ def _read_rows(path: Path):
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # noqa: BLE001 - pyarrow's errors for a file that is not parquet vary
+            raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+        for i, row in enumerate(table.to_pylist(), start=1):
             yield i, row
         return
-    with path.open("r", encoding="utf-8") as handle:
-        for i, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # bytes: a line that is not UTF-8 is named with its number
+        for i, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{i}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                                "write the file as UTF-8 JSON lines") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{i}: not valid JSON ({err.msg})") from None
+                hint = (": the file looks like one JSON document, not JSON lines (one object per line)"
+                        if i == 1 and line.strip() in ("[", "{") else "")
+                raise DataError(f"{path}:{i}: not valid JSON ({err.msg}){hint}") from None
             yield i, row
 
 
@@ -62,7 +73,8 @@ class Dataset:
         for line, row in _read_rows(self.path):
             where = f"{self.path}:{line}"
             if not isinstance(row, dict):
-                raise DataError(f"{where}: each row must be a JSON object")
+                raise DataError(f"{where}: each row must be a JSON object (JSON lines: one object per line), "
+                                f"got a JSON {type(row).__name__}")
             if input_key not in row:
                 raise DataError(f"{where}: missing field {input_key!r} (--input-key)")
             prompt = _check_prompt(row[input_key], where, input_key)
