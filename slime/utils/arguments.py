@@ -211,6 +211,8 @@ def add_reward_arguments(parser):
     g.add_argument("--custom-reward-post-process-path", type=str, default=None,
                    help="post_process_rewards(args, samples) -> (raw, rewards) over every training sample (default "
                         "with --opd-type sglang: slime.rollout.on_policy_distillation.post_process_rewards)")
+    g.add_argument("--allow-no-reward", action="store_true",
+                   help="train although nothing supplies a reward (no --use-opd, reward model or environment): reward 0")
     g.add_argument("--reward-key", type=str, default=None,
                    help="when sample.reward is a dict: the key of the scalar to train on")
     return parser
@@ -295,7 +297,7 @@ def parse_args(add_custom_arguments=None, argv=None):
     parser = get_parser(add_custom_arguments)
     args = parser.parse_args(argv)
     try:
-        # The YAML first, with the parser: its keys take their flags' types; overrides of typed flags are named.
+        # The YAML first, with the parser: its keys take their flags' types; overrides are named.
         for line in apply_custom_config(args, parser, sys.argv[1:] if argv is None else argv):
             print(f"{parser.prog}: warning: {line}", file=sys.stderr)
         validate_args(args)

@@ -34,6 +34,8 @@ MULTI_TURN_GENERATE = "examples.multi_turn_tcod.rollout.generate"
 TEACHER_PREFIX_GENERATE = "slime.rollout.teacher_prefix.generate"
 # The rollout functions of this tree take their prompts from --prompt-data; a custom one may make its own.
 BUILT_IN_ROLLOUT_PREFIX = "slime.rollout."
+# Generate functions of this tree: none sets a reward without an environment or a reward model.
+SHIPPED_GENERATE_PREFIXES = ("slime.", "examples.multi_turn_tcod.")
 # Rows of --prompt-data looked at for expert actions (B2F with --tcod-prefix-source expert).
 EXPERT_SCAN_ROWS = 64
 
@@ -52,6 +54,7 @@ def check_launch(args) -> list[str]:
     check_plugin_paths(args)
     _check_env_module(args)
     train_data = _check_data_files(args)
+    _check_reward_source(args)
     check_task_envs(args, data_files(args))
     notes += overlap_warnings(args)
     _check_expert_prefix(args, train_data)
@@ -150,6 +153,22 @@ def _check_data_files(args):
         except DataError as err:
             raise ArgumentError(f"{flag}: {err}") from None
     return parsed[0] if args.prompt_data else None
+
+
+def _check_reward_source(args) -> None:
+    """A run that nothing gives a reward trains on reward 0 at every step (grad norm 0) and ends "done"."""
+    if args.allow_no_reward or args.num_rollout == 0 or args.loss_type == "sft_loss":
+        return
+    sources = (args.use_opd, args.rm_type, args.rm_url, args.custom_rm_path, args.custom_reward_post_process_path,
+               args.rollout_interaction_env_path)
+    # A rollout or generate function of the user's own may set rewards itself: nothing to tell from here.
+    own_code = not args.rollout_function_path.startswith(BUILT_IN_ROLLOUT_PREFIX) or not (
+        args.custom_generate_function_path or "slime.").startswith(SHIPPED_GENERATE_PREFIXES)
+    if any(sources) or own_code:
+        return
+    raise ArgumentError("nothing supplies a reward, so every step would train on reward 0: add --use-opd (a teacher), "
+                        "a reward model (--rm-type, --custom-rm-path or --rm-url) or an environment "
+                        "(--rollout-interaction-env-path), or pass --allow-no-reward if that is intended")
 
 
 def _check_expert_prefix(args, train_data) -> None:
