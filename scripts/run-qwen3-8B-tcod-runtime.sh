@@ -41,6 +41,24 @@ case "${DATA}" in /*) ;; *) DATA="${CALLER_DIR}/${DATA}" ;; esac
 case "${EVAL_DATA}" in /*) ;; *) EVAL_DATA="${CALLER_DIR}/${EVAL_DATA}" ;; esac
 SAVE="${SAVE:-/root/ckpt/qwen3-8b-tcod-${TASK_ENV}-${TCOD_MODE}}"
 
+# This script's own variables, checked before anything derives flags from them: an error names the variable.
+bad() { echo "run-qwen3-8B-tcod-runtime.sh: $*" >&2; exit 2; }
+for var in NUM_GPUS TEACHER_GPUS TP TEACHER_PORT; do
+  [[ "${!var}" =~ ^[0-9]+$ ]] && [ "${!var}" -ge 1 ] || bad "${var}=${!var} must be a whole number >= 1"
+done
+case "${TCOD_MODE}" in f2b|b2f) ;; *) bad "TCOD_MODE=${TCOD_MODE} must be f2b or b2f" ;; esac
+[ "${TEACHER_PORT}" -le 65535 ] || bad "TEACHER_PORT=${TEACHER_PORT} must be a port number (1-65535)"
+MIN_TRAIN=2; [ "${TRAIN_BACKEND}" = megatron ] && MIN_TRAIN=$(( TP + 1 ))
+[ $(( NUM_GPUS - TEACHER_GPUS )) -ge "${MIN_TRAIN}" ] || bad "NUM_GPUS=${NUM_GPUS} with TEACHER_GPUS=${TEACHER_GPUS}" \
+  "leaves $(( NUM_GPUS - TEACHER_GPUS )) GPU(s) for training; it needs ${MIN_TRAIN} (the trainer and the rollout" \
+  "engines get GPUs of their own$([ "${TRAIN_BACKEND}" = megatron ] && echo ", TP=${TP} for the trainer")): raise" \
+  "NUM_GPUS or lower TEACHER_GPUS"
+if [ "${REHEARSAL:-0}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
+  for var in STUDENT TEACHER; do
+    [ -d "${!var}" ] || bad "${var}=${!var} is not a folder: point it at the local checkpoint (models are not downloaded)"
+  done
+fi
+
 # Per-environment horizon (k_max = max_env_steps), curriculum speed eta and step budget (official).
 case "${TASK_ENV}" in
   scienceworld) MAX_TURNS=30; STEPS=250; if [ "${TCOD_MODE}" = f2b ]; then ETA=6; else ETA=5; fi ;;
