@@ -196,7 +196,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     from slime.utils.checkpoint import load_checkpoint, save_checkpoint
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
-    from slime.utils.run_summary import RunProgress
+    from slime.utils.run_summary import RunProgress, bar_fields
     from slime.utils.step_metrics import rollout_metrics
 
     progress = progress or RunProgress(args.num_rollout)
@@ -268,8 +268,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
             logger.log(rollout_id, metrics)  # fsynced: durable before the checkpoint that marks the step done
             progress.logged(rollout_id)
             empty_steps.stop_if_too_many()  # after the row: the last skipped step is recorded too
-            bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
-                             ("rollout/reward", "opd/reverse_kl", "loss", "time/step") if k in metrics})
+            bar.set_postfix(bar_fields(args, metrics))
 
             t_step = time.perf_counter()
             if args.save and _due(rollout_id, args.save_interval, last):

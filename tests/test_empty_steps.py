@@ -65,8 +65,14 @@ def test_steps_in_a_row_with_nothing_to_train_stop_the_run_naming_the_flag(setup
     assert [r["step"] for r in rows] == list(range(EMPTY_STEPS_LIMIT))
 
 
-def test_a_budget_the_prefix_fits_trains_every_step(setup, capfd):
+def test_a_budget_the_prefix_fits_trains_every_step_and_the_bar_shows_depth_and_kl(setup, capfd):
     code, out = run(setup, "trained", steps=1, budget=400)
+    err = capfd.readouterr().err
     assert code == 0
     [row] = read_metrics(out / "metrics.jsonl")
     assert "rollout/skipped" not in row and row["rollout/kept"] == 2 and row["tcod/prefix_len"] >= 2
+    # The progress bar of a distillation run: TCOD's depth and the distillation KL, the environment's success
+    # under its own name (OPD trains on no reward).
+    [bar] = [line for line in err.replace("\r", "\n").splitlines() if "1/1 [" in line and "depth=" in line][-1:]
+    assert "depth=1" in bar and f"opd_kl={row['opd/reverse_kl']:.3g}" in bar and "env_success=" in bar, bar
+    assert "reward=" not in bar

@@ -18,6 +18,20 @@ import threading
 from pathlib import Path
 
 
+# The progress bar's fields: (metric, label). Distillation shows what it trains on, the TCOD depth and the
+# teacher-student KL; the environment's success is named as such, never "reward" (OPD trains on no reward).
+OPD_BAR = (("tcod/depth", "depth"), ("opd/reverse_kl", "opd_kl"), ("multi_turn/success_rate", "env_success"),
+           ("loss", "loss"), ("time/step", "step_s"))
+RL_BAR = (("rollout/reward", "reward"), ("loss", "loss"), ("time/step", "step_s"))
+
+
+def bar_fields(args, metrics: dict) -> dict:
+    """The progress bar's postfix for a step's ``metrics``."""
+    fields = OPD_BAR if args.use_opd else RL_BAR
+    return {label: (f"{metrics[key]:.3g}" if isinstance(metrics[key], float) else metrics[key])
+            for key, label in fields if key in metrics}
+
+
 class RunProgress:
     """Where a run is: the step in progress, the last step logged, the last checkpoint, the metrics file."""
 
