@@ -15,6 +15,8 @@ import logging
 import math
 import os
 
+import torch.distributed as dist
+
 logger = logging.getLogger(__name__)
 
 
@@ -134,19 +136,45 @@ def _state_path(root, rollout_id):
 
 
 def save_kl_controller(controller, save_dir, rollout_id):
-    """Write the controller's state beside the checkpoint of ``rollout_id``."""
+    """Write the controller's state beside the checkpoint of ``rollout_id`` (atomically: tmp file, then rename)."""
     path = _state_path(save_dir, rollout_id)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(controller.state_dict(), f)
+    os.replace(path + ".tmp", path)
 
 
-def load_kl_controller(controller, load_dir, rollout_id):
-    """Restore the state saved with checkpoint ``rollout_id``; returns False (state unchanged) if there is none."""
-    path = _state_path(load_dir, rollout_id)
-    if not os.path.exists(path):
+def restore_kl_controller(controller, args, loaded_rollout_id, group=None):
+    """Restore the state saved with the checkpoint this run loaded (``loaded_rollout_id``, so ``--ckpt-step``
+    counts); nothing without ``--load`` or with ``--finetune``. Rank 0 reads the file and broadcasts it over
+    ``group``, so every rank restores the same value. Returns the restored state, or None (one log line)."""
+    if args.load is None or args.finetune:
+        return None
+    path = _state_path(args.load, loaded_rollout_id)
+    state = [None]
+    if (group is None or dist.get_rank() == 0) and os.path.exists(path):
+        with open(path) as f:
+            state[0] = json.load(f)
+    if group is not None:
+        dist.broadcast_object_list(state, src=0, group=group)
+    if state[0] is None:
         logger.info(f"no KL controller state at {path}; the KL coefficient starts from --kl-coef")
-        return False
-    with open(path) as f:
-        controller.load_state_dict(json.load(f))
-    return True
+    else:
+        controller.load_state_dict(state[0])
+    return state[0]
+
+
+def step_kl_controller(controller, observed_kl, n_samples, check_group=None):
+    """One step's update from the reduced ``(observed_kl, n_samples)``; no samples, no update. Returns the
+    ``kl_ctrl/*`` metrics with ``kl_ctrl/coef`` the value used this step. With ``check_group`` (``--ci-test``)
+    asserts the new value is the same on every rank and moved with the sign of the error."""
+    coef_used = controller.value
+    if n_samples == 0:
+        return {"kl_ctrl/coef": coef_used}
+    metrics = {**controller.update(observed_kl, n_samples), "kl_ctrl/coef": coef_used}
+    if check_group is not None:
+        values = [None] * dist.get_world_size(check_group)
+        dist.all_gather_object(values, controller.value, group=check_group)
+        assert len(set(values)) == 1, f"the KL coefficient differs across ranks: {values}"
+        assert (controller.value - coef_used) * metrics.get("kl_ctrl/error", 0.0) >= 0, metrics
+    return metrics

@@ -37,6 +37,7 @@ EDITED_FILES = (
     "slime/utils/arguments.py",
     "slime/backends/megatron_utils/loss.py",
     "slime/backends/megatron_utils/actor.py",
+    "slime/backends/megatron_utils/server/arguments.py",
     "tests/test_megatron_argument_validation.py",
     ".github/workflows/pr-test.yml.j2",
     "docs/en/index.rst",

@@ -76,6 +76,15 @@ _VALIDATE = """\
             raise ValueError("--kl-ctrl adaptive needs --kl-target > 0.")
         if args.kl_horizon <= 0:
             raise ValueError(f"--kl-horizon must be > 0, got {args.kl_horizon}.")
+        if args.custom_advantage_function_path is not None:
+            raise ValueError("--kl-ctrl adaptive cannot hand its coefficient to --custom-advantage-function-path.")
+        if not args.compute_advantages_and_returns:
+            raise ValueError("--kl-ctrl adaptive needs the KL that --disable-compute-advantages-and-returns skips.")
+        if args.rollout_batch_size * args.n_samples_per_prompt > args.kl_horizon:
+            raise ValueError(
+                f"--kl-horizon ({args.kl_horizon}) must be >= the samples of a step (rollout_batch_size * "
+                f"n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt})."
+            )
     elif args.kl_target is not None:
         raise ValueError("--kl-target is only used with --kl-ctrl adaptive.")
 
@@ -151,10 +160,21 @@ _LOSS_REDUCE = '''def reduce_observed_kl(rollout_data: RolloutBatch, group) -> t
 
 '''
 
+_CRITIC_OVERRIDE = "        role_args.kl_coef = 0\n"
+_CRITIC_OVERRIDE_NEW = '        role_args.kl_coef = 0\n        role_args.kl_ctrl = "fixed"\n'
+SERVER = "slime/backends/megatron_utils/server/arguments.py"
+_SERVER = "    args.kl_coef = 0\n"
+_SERVER_NEW = '    args.kl_coef = 0\n    args.kl_ctrl = "fixed"\n'
+
 _ACTOR_IMPORT = "from slime.utils.distributed_utils import get_gloo_group\n"
 _ACTOR_IMPORT_NEW = (
     "from slime.utils.distributed_utils import get_gloo_group\n"
-    "from slime.utils.kl_controller import build_kl_controller, load_kl_controller, save_kl_controller\n"
+    "from slime.utils.kl_controller import (\n"
+    "    build_kl_controller,\n"
+    "    restore_kl_controller,\n"
+    "    save_kl_controller,\n"
+    "    step_kl_controller,\n"
+    ")\n"
 )
 _ACTOR_LOSS_IMPORT = "    get_values,\n)\n"
 _ACTOR_LOSS_IMPORT_NEW = "    get_values,\n    reduce_observed_kl,\n)\n"
@@ -168,10 +188,10 @@ _ACTOR_INIT_NEW = """\
 
         # The critic's kl_coef is 0: only the actor adapts it.
         self.kl_ctrl = build_kl_controller(args) if role == "actor" and args.kl_ctrl == "adaptive" else None
-        if self.kl_ctrl is not None and args.load is not None and not args.finetune:
-            restored = load_kl_controller(self.kl_ctrl, args.load, loaded_rollout_id)
-            if args.ci_test:
-                assert restored, f"no KL controller state was saved with rollout {loaded_rollout_id}"
+        if self.kl_ctrl is not None:
+            state = restore_kl_controller(self.kl_ctrl, args, loaded_rollout_id, get_gloo_group())
+            if args.ci_test and args.load is not None and not args.finetune:
+                assert state is not None and self.kl_ctrl.value == state["value"] != args.kl_coef, state
 
         if role == "critic":
 """
@@ -190,27 +210,15 @@ _ACTOR_LOG = """\
 """
 _ACTOR_LOG_NEW = """\
         extra_metrics = self.weight_updater.pop_metrics()
-        if self.kl_ctrl is not None:
-            extra_metrics = {**(extra_metrics or {}), **self._update_kl_ctrl(rollout_data)}
+        if self.kl_ctrl is not None:  # on every rank, so the coefficient stays the same everywhere
+            observed_kl, n_samples = reduce_observed_kl(rollout_data, get_gloo_group())
+            check = get_gloo_group() if self.args.ci_test else None
+            extra_metrics = {**(extra_metrics or {}), **step_kl_controller(self.kl_ctrl, observed_kl, n_samples, check)}
         train_metric_utils.log_perf_data(
             rollout_id,
             self.args,
             extra_metrics=extra_metrics,
         )
-
-    def _update_kl_ctrl(self, rollout_data: RolloutBatch) -> dict:
-        # Every rank reduces and updates, so the coefficient stays the same everywhere.
-        coef_used = self.kl_ctrl.value
-        observed_kl, n_samples = reduce_observed_kl(rollout_data, get_gloo_group())
-        if n_samples == 0:
-            return {"kl_ctrl/coef": coef_used}
-        metrics = {**self.kl_ctrl.update(observed_kl, n_samples), "kl_ctrl/coef": coef_used}
-        if self.args.ci_test:
-            values = [None] * dist.get_world_size()
-            dist.all_gather_object(values, self.kl_ctrl.value, group=get_gloo_group())
-            assert len(set(values)) == 1, f"the KL coefficient differs across ranks: {values}"
-            assert (self.kl_ctrl.value - coef_used) * metrics["kl_ctrl/error"] >= 0, metrics
-        return metrics
 """
 _ACTOR_SAVE = "        save(rollout_id, self.model, self.optimizer, self.opt_param_scheduler)\n"
 _ACTOR_SAVE_NEW = (
@@ -238,6 +246,8 @@ _CPU_NEW = _CPU_ANCHOR + "".join(
 EDITS = (
     (ARGS, _KL_COEF_FLAG, _KL_COEF_FLAG + _KL_CTRL_FLAGS),
     (ARGS, _VALIDATE_ANCHOR, _VALIDATE + _VALIDATE_ANCHOR),
+    (ARGS, _CRITIC_OVERRIDE, _CRITIC_OVERRIDE_NEW),
+    (SERVER, _SERVER, _SERVER_NEW),
     (LOSS, _LOSS_SIGNATURE, _LOSS_SIGNATURE_NEW),
     (LOSS, _LOSS_DOC, _LOSS_DOC_NEW),
     (LOSS, _LOSS_EARLY_RETURN, _LOSS_EARLY_RETURN_NEW),

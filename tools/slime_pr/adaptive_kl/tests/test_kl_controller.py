@@ -15,8 +15,9 @@ from slime.utils.kl_controller import (
     AdaptiveKLController,
     FixedKLController,
     build_kl_controller,
-    load_kl_controller,
+    restore_kl_controller,
     save_kl_controller,
+    step_kl_controller,
 )
 
 NUM_GPUS = 0
@@ -101,30 +102,62 @@ def test_build_from_args():
     assert isinstance(fixed, FixedKLController) and fixed.value == 0.01
 
 
+def _load(path, finetune=False):
+    return Namespace(load=None if path is None else str(path), finetune=finetune)
+
+
 def test_save_and_resume_through_the_actor_functions(tmp_path):
     ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    values = []
     for rollout_id, observed in enumerate((0.3, 0.25, 0.02)):
         ctrl.update(observed, 16)
         save_kl_controller(ctrl, str(tmp_path), rollout_id)
-        if rollout_id == 1:
-            value_at_1 = ctrl.value
+        values.append(ctrl.value)
+    assert sorted(p.name for p in (tmp_path / "kl_ctrl").iterdir()) == [
+        f"kl_ctrl_state_dict_{i}.json" for i in range(3)
+    ]  # written through a temporary file that is renamed away
     resumed = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
-    assert load_kl_controller(resumed, str(tmp_path), 1)  # the iteration actually loaded, not the latest
-    assert resumed.value == value_at_1 and resumed.n_updates == 2
-    ctrl_from_1 = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
-    load_kl_controller(ctrl_from_1, str(tmp_path), 1)
-    assert ctrl_from_1.update(0.02, 16)["kl_ctrl/coef"] == ctrl.value
+    state = restore_kl_controller(resumed, _load(tmp_path), 1)  # the iteration loaded (--ckpt-step 1), not the latest
+    assert resumed.value == values[1] == state["value"] and resumed.n_updates == 2
+    assert step_kl_controller(resumed, 0.02, 16)["kl_ctrl/coef"] == values[1]  # the value used by the step
+    assert resumed.value == values[2]
     fresh = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
-    assert not load_kl_controller(fresh, str(tmp_path), 7)  # no state saved: start from --kl-coef
+    assert restore_kl_controller(fresh, _load(tmp_path), 7) is None  # no state saved: start from --kl-coef
     assert fresh.value == 0.05
     with pytest.raises(ValueError, match="adaptive"):
         FixedKLController(0.05).load_state_dict(resumed.state_dict())
 
 
+@pytest.mark.parametrize("args", [_load(None), _load("saved", finetune=True)])
+def test_no_restore_without_load_or_with_finetune(tmp_path, args):
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    ctrl.update(0.3, 16)
+    save_kl_controller(ctrl, str(tmp_path / "saved"), 0)
+    if args.load is not None:
+        args.load = str(tmp_path / args.load)
+    fresh = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    assert restore_kl_controller(fresh, args, 0) is None and fresh.value == 0.05
+
+
+def test_a_step_without_samples_leaves_the_coefficient_alone():
+    ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    assert step_kl_controller(ctrl, None, 0) == {"kl_ctrl/coef": 0.05}
+    assert ctrl.value == 0.05 and ctrl.n_updates == 0
+    metrics = step_kl_controller(ctrl, 0.3, 16)
+    assert metrics["kl_ctrl/coef"] == 0.05 and ctrl.value > 0.05 and metrics["kl_ctrl/error"] == 0.2
+
+
 # ---------------------------------------------------------------------------- slime_validate_args
 def _adaptive(**overrides):
     values = dict(
-        advantage_estimator="ppo", kl_ctrl="adaptive", kl_coef=0.01, kl_target=0.1, kl_horizon=10000, ref_load=None
+        advantage_estimator="ppo",
+        kl_ctrl="adaptive",
+        kl_coef=0.01,
+        kl_target=0.1,
+        kl_horizon=10000,
+        ref_load=None,
+        custom_advantage_function_path=None,
+        compute_advantages_and_returns=True,
     )
     values.update(overrides)
     return values
@@ -143,6 +176,9 @@ def _adaptive(**overrides):
         (dict(kl_horizon=0), "--kl-horizon"),
         (dict(kl_horizon=-5), "--kl-horizon"),
         (dict(kl_ctrl="fixed", kl_target=0.1), "--kl-target"),
+        (dict(custom_advantage_function_path="my.adv"), "--custom-advantage-function-path"),
+        (dict(compute_advantages_and_returns=False), "--disable-compute-advantages-and-returns"),
+        (dict(rollout_batch_size=8, n_samples_per_prompt=4, kl_horizon=31), "--kl-horizon"),
     ],
 )
 def test_validation_refuses_each_bad_setting(monkeypatch, tmp_path, overrides, flag):
@@ -157,11 +193,29 @@ def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path)
     args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path)))
     module.slime_validate_args(args)
     assert args.kl_ctrl == "adaptive" and args.use_critic
+    batch = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), rollout_batch_size=8, n_samples_per_prompt=4))
+    batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted
+    module.slime_validate_args(batch)
+
+
+def test_roles_without_a_kl_controller_are_reset_to_fixed(monkeypatch):
+    from slime.backends.megatron_utils.server.arguments import configure_megatron_server_args
+
+    module = load_slime_arguments_module(monkeypatch)
+    base = Namespace(kl_coef=0.01, kl_ctrl="adaptive", use_opd=False, custom_advantage_function_path=None)
+    assert module._apply_megatron_role_overrides(base, {}, "actor").kl_ctrl == "adaptive"
+    critic = module._apply_megatron_role_overrides(base, {}, "critic")
+    assert (critic.kl_coef, critic.kl_ctrl) == (0, "fixed")
+    server = make_slime_validate_args(**_adaptive())
+    configure_megatron_server_args(server)
+    assert (server.kl_coef, server.kl_ctrl) == (0, "fixed")
 
 
 # ---------------------------------------------------------------------------- compute_advantages_and_returns
-@pytest.fixture
-def loss_module(monkeypatch):
+STUBBED = ("megatron", "megatron.core", "slime.backends.megatron_utils.loss", "slime.backends.megatron_utils.cp_utils")
+
+
+def _import_loss_with_stub_mpu(monkeypatch):
     mpu_stub = types.SimpleNamespace(
         get_context_parallel_world_size=lambda: 1,
         get_context_parallel_rank=lambda: 0,
@@ -174,10 +228,24 @@ def loss_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron", megatron_mod)
     monkeypatch.setitem(sys.modules, "megatron.core", core_mod)
     for name in ("slime.backends.megatron_utils.loss", "slime.backends.megatron_utils.cp_utils"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.setitem(sys.modules, name, None)  # so that teardown removes what the import below adds
+        del sys.modules[name]
     from slime.backends.megatron_utils import loss
 
     return loss
+
+
+@pytest.fixture
+def loss_module(monkeypatch):
+    return _import_loss_with_stub_mpu(monkeypatch)
+
+
+def test_the_stubbed_loss_module_is_removed_again():
+    before = {name: sys.modules.get(name) for name in STUBBED}
+    with pytest.MonkeyPatch.context() as mp:
+        loss = _import_loss_with_stub_mpu(mp)
+        assert sys.modules["slime.backends.megatron_utils.loss"] is loss
+    assert {name: sys.modules.get(name) for name in STUBBED} == before
 
 
 def _rollout(seed):
@@ -257,6 +325,10 @@ def test_observed_kl_is_the_mean_of_per_sample_masked_means(loss_module, monkeyp
     observed, count = loss_module.reduce_observed_kl(data, group=None)
     assert count == 2 and observed == pytest.approx((2.0 + 2.0) / 2)  # the masked 100 does not count
     assert loss_module.reduce_observed_kl({}, group=None) == (None, 0)
+    empty = {"kl": [], "loss_masks": [], "response_lengths": [], "total_lengths": []}
+    assert loss_module.reduce_observed_kl(empty, group=None) == (None, 0)
+    monkeypatch.setattr(loss_module.mpu, "get_tensor_model_parallel_rank", lambda: 1)
+    assert loss_module.reduce_observed_kl(data, group=None) == (None, 0)  # TP rank 1 holds a copy: adds nothing
 
 
 if __name__ == "__main__":
