@@ -42,6 +42,8 @@ EDITED_FILES = (
     ".github/workflows/pr-test.yml.j2",
     "docs/en/index.rst",
     "docs/zh/index.rst",
+    "docs/en/get_started/usage.md",
+    "docs/zh/get_started/usage.md",
 )
 
 

@@ -47,8 +47,9 @@ _KL_CTRL_FLAGS = """\
                 type=float,
                 default=None,
                 help=(
-                    "Target of --kl-ctrl adaptive: the KL to the reference model, as each sample's mean over its "
-                    "response tokens averaged over the samples of a step (the KL of --kl-loss-type)."
+                    "Target of --kl-ctrl adaptive: the KL to the reference model (estimator --kl-loss-type) in "
+                    "verl's per-sample unit: each sample's mean over its response tokens (loss mask applied), "
+                    "averaged over the samples of a step. Not rollout/kl, a token mean; compare kl_ctrl/observed_kl."
                 ),
             )
             parser.add_argument(
@@ -213,7 +214,8 @@ _ACTOR_LOG_NEW = """\
         if self.kl_ctrl is not None:  # on every rank, so the coefficient stays the same everywhere
             observed_kl, n_samples = reduce_observed_kl(rollout_data, get_gloo_group())
             check = get_gloo_group() if self.args.ci_test else None
-            extra_metrics = {**(extra_metrics or {}), **step_kl_controller(self.kl_ctrl, observed_kl, n_samples, check)}
+            kl_metrics = step_kl_controller(self.kl_ctrl, observed_kl, n_samples, check)
+            extra_metrics = {**(extra_metrics or {}), **kl_metrics}
         train_metric_utils.log_perf_data(
             rollout_id,
             self.args,
@@ -229,6 +231,21 @@ _ACTOR_SAVE_NEW = (
 
 _FIXTURE = "        kl_coef=0,\n"
 _FIXTURE_NEW = '        kl_coef=0,\n        kl_ctrl="fixed",\n        kl_target=None,\n        kl_horizon=10000,\n'
+
+_USAGE_EN = "- `--kl-coef`: KL penalty coefficient for reward shaping.\n"
+_USAGE_EN_NEW = _USAGE_EN + (
+    "- `--kl-ctrl`: `fixed` (default) keeps `--kl-coef`; `adaptive` (PPO) moves it toward `--kl-target` after every "
+    "step, see [Adaptive KL Coefficient](../advanced/adaptive-kl-controller.md).\n"
+    "- `--kl-target`: the KL `--kl-ctrl adaptive` holds (each sample's masked token mean, averaged over samples).\n"
+    "- `--kl-horizon`: how fast `--kl-ctrl adaptive` moves, in samples (default 10000).\n"
+)
+_USAGE_ZH = "- `--kl-coef`：KL penalty 系数，用于 reward shaping。\n"
+_USAGE_ZH_NEW = _USAGE_ZH + (
+    "- `--kl-ctrl`：`fixed`（默认）保持 `--kl-coef` 不变；`adaptive`（PPO）每步后使其向 `--kl-target` 调整，"
+    "见 [PPO 的自适应 KL 系数](../advanced/adaptive-kl-controller.md)；\n"
+    "- `--kl-target`：`--kl-ctrl adaptive` 保持的 KL（每个样本 token 均值（应用 loss mask）再对样本求均值）；\n"
+    "- `--kl-horizon`：`--kl-ctrl adaptive` 调整的快慢，以样本数计（默认 10000）。\n"
+)
 
 _DOC_ANCHOR = "   advanced/on-policy-distillation.md\n"
 _DOC_NEW = "   advanced/on-policy-distillation.md\n   advanced/adaptive-kl-controller.md\n"
@@ -264,6 +281,8 @@ EDITS = (
     (TEMPLATE, _GPU_ANCHOR, _GPU_NEW),
     (TEMPLATE, _CPU_ANCHOR, _CPU_NEW),
     ("docs/en/index.rst", _DOC_ANCHOR, _DOC_NEW),
+    ("docs/en/get_started/usage.md", _USAGE_EN, _USAGE_EN_NEW),
+    ("docs/zh/get_started/usage.md", _USAGE_ZH, _USAGE_ZH_NEW),
     ("docs/zh/index.rst", _DOC_ANCHOR, _DOC_NEW),
 )
 # How many times each anchor appears in pristine upstream (all once, except the reinforce++ keyword).

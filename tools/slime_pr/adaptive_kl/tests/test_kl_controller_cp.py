@@ -6,6 +6,7 @@ all samples. One sample is prompt-heavy, so at cp = 2 one context-parallel rank 
 tokens and still takes part in the all-reduce.
 """
 
+import argparse
 import json
 import os
 import socket
@@ -112,6 +113,45 @@ def test_every_rank_updates_to_the_single_process_value(tmp_path, dp_size, cp_si
     assert len({r["value"] for r in results}) == 1  # bit-identical across ranks
     if cp_size > 1:
         assert any(r["empty"] for r in results), "the layout should leave a CP rank without response tokens"
+
+
+def _restore_worker(rank, world_size, port, saved_dir, empty_dir, out_dir):
+    import torch.distributed as dist
+
+    from slime.utils.kl_controller import AdaptiveKLController, restore_kl_controller, step_kl_controller
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        group = dist.new_group(ranks=list(range(world_size)))
+        # Only rank 0 can see the saved state: the others must get it from the broadcast.
+        args = argparse.Namespace(load=saved_dir if rank == 0 else empty_dir, finetune=False)
+        ctrl = AdaptiveKLController(INIT, TARGET, HORIZON)
+        state = restore_kl_controller(ctrl, args, 3, group)
+        restored = ctrl.value
+        step_kl_controller(ctrl, 2 * TARGET, len(SEQS), check_group=group)  # asserts equal values on all ranks
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"state": state, "restored": restored, "value": ctrl.value}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_resume_restores_the_rank_0_state_on_every_rank(tmp_path):
+    import torch.multiprocessing as mp
+
+    from slime.utils.kl_controller import AdaptiveKLController, save_kl_controller
+
+    saved = AdaptiveKLController(INIT, TARGET, HORIZON)
+    saved.update(0.0, len(SEQS))
+    save_kl_controller(saved, str(tmp_path / "saved"), 3)
+    (tmp_path / "empty").mkdir()
+    args = (2, _free_port(), str(tmp_path / "saved"), str(tmp_path / "empty"), str(tmp_path))
+    mp.spawn(_restore_worker, args=args, nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in results:
+        assert r["state"] == saved.state_dict() and r["restored"] == saved.value
+    assert results[0]["value"] == results[1]["value"] > saved.value
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ MODEL_NAME = "Qwen3-4B"
 MODEL_TYPE = "qwen3-4B"
 NUM_GPUS = 8
 SAVE_DIR = f"/root/{MODEL_NAME}_ppo_adaptive_kl"
+# The critic's args are a copy of the actor's: without its own directory it would save into (and on resume
+# load from) the actor's checkpoint. Its save / load go through its role overrides in --megatron-config-path.
+CRITIC_SAVE_DIR = f"{SAVE_DIR}_critic"
 
 
 def prepare():
@@ -20,14 +23,15 @@ def prepare():
     U.exec_command(f"hf download Qwen/{MODEL_NAME} --local-dir /root/models/{MODEL_NAME}")
     U.hf_download_dataset("zhuzilin/dapo-math-17k")
     U.convert_checkpoint(model_name=MODEL_NAME, megatron_model_type=MODEL_TYPE, num_gpus_per_node=NUM_GPUS)
-    U.exec_command(f"rm -rf {SAVE_DIR}")
+    U.exec_command(f"rm -rf {SAVE_DIR} {CRITIC_SAVE_DIR}")
 
 
 def execute(num_rollout: int, load: bool):
     megatron_config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    critic_ckpt = f"      save: {CRITIC_SAVE_DIR}\n" + (f"      load: {CRITIC_SAVE_DIR}\n" if load else "")
     megatron_config.write(
         "megatron:\n"
-        "  - name: default\n    role: critic\n    overrides:\n      lr: 1e-5\n"
+        f"  - name: default\n    role: critic\n    overrides:\n      lr: 1e-5\n{critic_ckpt}"
         "  - name: default\n    role: actor\n    overrides:\n      lr: 1e-6\n"
     )
     megatron_config.close()
@@ -79,5 +83,5 @@ if __name__ == "__main__":
     prepare()
     for proxy_var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         os.environ.pop(proxy_var, None)
-    execute(num_rollout=2, load=False)  # saves rollout 1 with the controller state
-    execute(num_rollout=4, load=True)  # resumes from rollout 1: --ci-test asserts the state was restored
+    execute(num_rollout=2, load=False)  # saves rollout 1: actor and controller state, and the critic apart
+    execute(num_rollout=4, load=True)  # resumes from rollout 1: --ci-test asserts the saved coefficient came back
