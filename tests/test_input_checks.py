@@ -176,7 +176,7 @@ def test_train_py_fails_fast_without_starting_ray(files):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "train.py", "--hf-checkpoint", str(files["root"] / "typo-model"),
-                           "--prompt-data", files["data"], "--num-rollout", "1"], cwd=REPO, env=env,
+                           "--prompt-data", files["data"], "--num-rollout", "1", "--allow-no-reward"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output

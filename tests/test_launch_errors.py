@@ -17,7 +17,7 @@ from slime.utils.config_keys import CONSUMER_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN_ENVS = "alfworld, gridnav, hanoi, scienceworld, textworld, webshop"
-BASE = ["--num-rollout", "1"]
+BASE = ["--num-rollout", "1", "--allow-no-reward"]  # these runs are about their inputs, not their rewards
 
 
 def _rows(path: Path, rows) -> str:

@@ -192,7 +192,8 @@ def stubbed(monkeypatch, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text(json.dumps({"input": "task"}) + "\n")
     base = ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--num-rollout", "4",
-            "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--save", str(tmp_path / "out")]
+            "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--save", str(tmp_path / "out"),
+            "--allow-no-reward"]  # the stand-in rollout manager gives its own rewards
     yield FAULTS, base, tmp_path / "out"
     FAULTS.at = None
 
