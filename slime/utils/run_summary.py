@@ -23,11 +23,12 @@ from pathlib import Path
 OPD_BAR = (("tcod/depth", "depth"), ("opd/reverse_kl", "opd_kl"), ("multi_turn/success_rate", "env_success"),
            ("loss", "loss"), ("time/step", "step_s"))
 RL_BAR = (("rollout/reward", "reward"), ("loss", "loss"), ("time/step", "step_s"))
+SFT_BAR = (("loss", "loss"), ("time/step", "step_s"))  # expert replays: their return says nothing of the policy
 
 
 def bar_fields(args, metrics: dict) -> dict:
     """The progress bar's postfix for a step's ``metrics``."""
-    fields = OPD_BAR if args.use_opd else RL_BAR
+    fields = SFT_BAR if args.loss_type == "sft_loss" else OPD_BAR if args.use_opd else RL_BAR
     return {label: (f"{metrics[key]:.3g}" if isinstance(metrics[key], float) else metrics[key])
             for key, label in fields if key in metrics}
 
