@@ -202,6 +202,10 @@ def main(argv=None) -> int:
     ns = parser.parse_args(argv)
     train_args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
     work = Path(ns.dir) if ns.dir else Path(tempfile.mkdtemp(prefix="slime-rehearsal-"))
+    if (work / "metrics.jsonl").exists():  # train.py would refuse to mix two runs' rows there, after the setup
+        print(f"rehearsal: error: {work} holds an earlier rehearsal (metrics.jsonl): choose a new folder "
+              "(REHEARSAL_DIR, or leave it unset for a new temporary one)", file=sys.stderr)
+        return 2
     try:
         return rehearse(train_args, ns.task_env, work, python=os.environ.get("PYTHON", sys.executable))
     except RehearsalError as err:

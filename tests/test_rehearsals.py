@@ -58,3 +58,12 @@ def test_slime_launch_script_rehearses_on_cpu(tmp_path):
     assert rows[0]["tcod/prefix_source_expert"] == 2  # B2F replayed expert prefixes
     assert "tcod/prefix_turns" in rows[0]  # the PR's rollout-log hook ran
     assert "eval/gridnav/success_rate" in rows[1]
+
+
+def test_a_folder_that_holds_an_earlier_rehearsal_is_refused_before_any_setup(tmp_path, capsys):
+    from scripts.rehearsal import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main(["--task-env", "gridnav", "--dir", str(tmp_path), "--", "--num-rollout", "250"]) == 2
+    assert capsys.readouterr().err.startswith(f"rehearsal: error: {tmp_path} holds an earlier rehearsal")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no models or tasks made
