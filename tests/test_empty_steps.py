@@ -76,3 +76,15 @@ def test_a_budget_the_prefix_fits_trains_every_step_and_the_bar_shows_depth_and_
     [bar] = [line for line in err.replace("\r", "\n").splitlines() if "1/1 [" in line and "depth=" in line][-1:]
     assert "depth=1" in bar and f"opd_kl={row['opd/reverse_kl']:.3g}" in bar and "env_success=" in bar, bar
     assert "reward=" not in bar
+
+
+def test_an_episode_the_engine_aborted_is_named_as_such():
+    from types import SimpleNamespace
+
+    from slime.rollout.empty_steps import removal_reason
+    from slime.utils.types import Sample, Status
+
+    sample = Sample(status=Status.FAILED, metadata={"outcome": "engine_abort"})
+    assert removal_reason(SimpleNamespace(), sample)[0] == "the engine aborted the request"
+    sample.metadata["outcome"] = "env_error"
+    assert removal_reason(SimpleNamespace(env_step_timeout=300), sample)[0] == "the environment failed"

@@ -327,7 +327,7 @@ def aborting_engine():
     server.stop()
 
 
-def test_aborted_episodes_are_dropped_counted_and_not_scored(engine, aborting_engine):
+def test_episodes_the_engine_aborts_fail_and_are_not_scored(engine, aborting_engine):
     stub, seen = aborting_engine
     args = make_args(engine, *OPD, "--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
                      "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards",
@@ -337,12 +337,12 @@ def test_aborted_episodes_are_dropped_counted_and_not_scored(engine, aborting_en
     args.rm_url = "http://127.0.0.1:1/generate"  # the teacher must not be asked: nothing listens there
     groups = sglang_rollout.generate_rollout(args, 0, _Tasks(4))
     flat = [s for g in groups for s in g]
-    assert len(seen) == 4 and all(s.status == Status.ABORTED and s.metadata["outcome"] == "aborted" for s in flat)
+    # An abort the rollout did not ask for (GenerateState.aborted unset) is the engine failing the episode.
+    assert len(seen) == 4 and all(s.status == Status.FAILED and s.metadata["outcome"] == "engine_abort" for s in flat)
     assert all(s.remove_sample and not any(s.loss_mask) for s in flat)
-    # Dropped like failed episodes, counted apart, and not a "most of the batch failed" stop.
-    kept, stats = select_trainable(args, groups)
-    assert kept == [] and stats["rollout/aborted"] == 4 and stats["rollout/failed"] == 0
-    assert stats["rollout/dropped"] == 4
+    assert all(s.metadata["error"] == "the engine aborted the request: aborted" for s in flat)
+    with pytest.raises(TooManyFailures, match="4 of 4 samples failed.*the engine aborted the request"):
+        select_trainable(args, groups)
 
 
 def test_an_aborted_generate_state_ends_the_episode(engine, monkeypatch):

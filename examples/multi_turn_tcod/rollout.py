@@ -156,6 +156,8 @@ class Episode:
         meta_info = output["meta_info"]
         finish = meta_info["finish_reason"]
         if finish["type"] == "abort":
+            if not self.state.aborted:  # the engine's own abort (e.g. a request it cannot serve) fails the episode
+                self.sample.metadata["error"] = f"the engine aborted the request: {finish.get('message', '')}"
             return None
         entries = meta_info.get("output_token_logprobs") or []
         ids, log_probs = [item[1] for item in entries], [item[0] for item in entries]

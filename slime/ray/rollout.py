@@ -54,9 +54,9 @@ def trainable(sample) -> bool:
 def select_trainable(args, groups) -> tuple[list, dict]:
     """Flatten groups, keeping only trainable samples; group estimators drop whole incomplete groups.
 
-    Aborted episodes (an engine's ``abort`` reply, or the rollout aborted) are dropped like failed ones
-    and counted apart: an abort is the run stopping generation, not the environment failing, so it does
-    not count towards :class:`TooManyFailures`.
+    Aborted episodes (the rollout stopped generation: ``GenerateState.aborted``) are dropped like failed
+    ones and counted apart: they do not count towards :class:`TooManyFailures`. A request the engine
+    aborted on its own fails its episode (``FAILED``, outcome ``engine_abort``) and counts as a failure.
     """
     group_estimator = args.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline") \
         and args.n_samples_per_prompt > 1

@@ -36,6 +36,8 @@ def _budget_met(args, sample) -> str:
 def removal_reason(args, sample, group_dropped: bool = False) -> tuple[str, str, str]:
     """``(reason, the budget or flag it met, what to change)`` for a sample that was not trained."""
     outcome = (sample.metadata or {}).get("outcome")
+    if outcome == "engine_abort":
+        return "the engine aborted the request", "the rollout engines", "see the engines' logs"
     if sample.status == Status.FAILED or outcome == "env_error":
         return ("the environment failed", _flag(args, "env_step_timeout"),
                 "fix the environment (its warnings are above) or raise --env-step-timeout")
