@@ -232,6 +232,16 @@ def planned_files(slime_dir: Path) -> dict[str, bytes]:
     return {rel: data for rel, data in new.items() if not (slime_dir / rel).is_file() or (slime_dir / rel).read_bytes() != data}
 
 
+def write_changes(slime_dir: Path, changes: dict[str, bytes]) -> None:
+    """Write the planned files; a changed CI template is re-rendered (``changes`` then names the rendered file)."""
+    for rel, data in changes.items():
+        (slime_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (slime_dir / rel).write_bytes(data)
+    if pr_test_entry.TEMPLATE in changes and (slime_dir / pr_test_entry.GENERATOR).is_file():
+        pr_test_entry.render(slime_dir)
+        changes[pr_test_entry.RENDERED] = b""
+
+
 def _git_work_tree(slime_dir: Path) -> bool:
     out = subprocess.run(["git", "-C", str(slime_dir), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     return out.returncode == 0 and Path(out.stdout.strip()).resolve() == slime_dir.resolve()
@@ -263,12 +273,7 @@ def port(slime_dir: Path, dry_run: bool = False, commit: bool = True) -> list[st
     lines = [f"{'edit' if (slime_dir / rel).exists() else 'add':5s}{rel}" for rel in sorted(changes)]
     if dry_run or not changes:
         return lines
-    for rel, data in changes.items():
-        (slime_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (slime_dir / rel).write_bytes(data)
-    if pr_test_entry.TEMPLATE in changes:
-        pr_test_entry.render(slime_dir)
-        changes[pr_test_entry.RENDERED] = b""
+    write_changes(slime_dir, changes)
     if commit and _git_work_tree(slime_dir):
         lines += [f"commit {m}" for m in _commit(slime_dir, list(changes))]
     return lines

@@ -18,14 +18,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.slime_pr import manifest_adaptive_kl as manifest  # noqa: E402
+from tools.slime_pr.port import _git_work_tree, write_changes  # noqa: E402
 
 ARGS = "slime/utils/arguments.py"
 LOSS = "slime/backends/megatron_utils/loss.py"
 ACTOR = "slime/backends/megatron_utils/actor.py"
 FIXTURE = "tests/test_megatron_argument_validation.py"
-TEMPLATE = ".github/workflows/pr-test.yml.j2"
-RENDERED = ".github/workflows/pr-test.yml"
-GENERATOR = ".github/workflows/generate_github_workflows.py"
+from tools.slime_pr.pr_test_entry import TEMPLATE  # noqa: E402
 
 _KL_COEF_FLAG = """\
                 help="KL penalty coefficient for reward shaping. This is applied to the reward signal before advantage calculation.",
@@ -325,10 +324,6 @@ def planned_files(slime_dir: Path) -> dict[str, bytes]:
     }
 
 
-def _render(slime_dir: Path) -> None:
-    subprocess.run([sys.executable, str(slime_dir / GENERATOR)], check=True, capture_output=True, text=True)
-
-
 def port(slime_dir: Path, dry_run: bool = False, commit: bool = True) -> list[str]:
     slime_dir = slime_dir.resolve()
     if not (slime_dir / ARGS).is_file() or not (slime_dir / LOSS).is_file():
@@ -337,16 +332,10 @@ def port(slime_dir: Path, dry_run: bool = False, commit: bool = True) -> list[st
     lines = [f"{'edit' if (slime_dir / rel).exists() else 'add':5s}{rel}" for rel in sorted(changes)]
     if dry_run or not changes:
         return lines
-    for rel, data in changes.items():
-        (slime_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (slime_dir / rel).write_bytes(data)
-    if TEMPLATE in changes and (slime_dir / GENERATOR).is_file():
-        _render(slime_dir)
-    git = ["git", "-C", str(slime_dir)]
-    top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    if commit and top.returncode == 0 and Path(top.stdout.strip()).resolve() == slime_dir:
-        paths = sorted({*changes, RENDERED} & {p for p in (*changes, RENDERED) if (slime_dir / p).exists()})
-        subprocess.run([*git, "add", "--", *paths], check=True)
+    write_changes(slime_dir, changes)  # as the TCOD port: the CI template re-rendered by slime's generator
+    if commit and _git_work_tree(slime_dir):
+        paths = sorted(p for p in changes if (slime_dir / p).exists())
+        subprocess.run(["git", "-C", str(slime_dir), "add", "--", *paths], check=True)
         message = "Adaptive reward-side KL coefficient for PPO (--kl-ctrl adaptive)"
         ident = ["-c", "user.name=slime-pr", "-c", "user.email=slime-pr@localhost"]
         subprocess.run(["git", "-C", str(slime_dir), *ident, "commit", "-q", "-m", message, "--", *paths], check=True)
