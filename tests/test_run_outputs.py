@@ -108,4 +108,4 @@ def test_without_save_or_metrics_dir_each_run_writes_to_a_new_folder_it_names(in
     assert folders[0] != folders[1] and all(f.parent == tmp_path / "outputs" for f in folders)
     assert all([r["step"] for r in read_metrics(f / "metrics.jsonl")] == [0] for f in folders)
     assert not (tmp_path / "outputs" / "metrics.jsonl").exists()
-    assert os.listdir(tmp_path / "outputs") == sorted(os.listdir(tmp_path / "outputs"))  # dated names sort in order
+    assert sorted(os.listdir(tmp_path / "outputs")) == [f.name for f in folders]  # dated names sort in run order
