@@ -12,10 +12,11 @@ from examples.agent_envs import build_env
 from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, turn_stop_id
 from examples.multi_turn_tcod.rollout import generate
 from slime.backends.sglang_utils.router import point_router_at_engines
-from slime.ray.rollout import RolloutManager, TooManyFailures, select_trainable
+from slime.ray.rollout import RolloutManager
 from slime.rollout import sample_hooks, sglang_rollout, teacher_prefix
 from slime.rollout.on_policy_distillation import teacher_payload
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
+from slime.rollout.trainable_samples import TooManyFailures, select_trainable
 from slime.utils.arguments import get_parser, validate_args
 from slime.utils.http_utils import close_session
 from slime.utils.misc import load_function

@@ -201,7 +201,7 @@ def stubbed(monkeypatch, tmp_path):
 @pytest.mark.parametrize("fault", ["nan", "episodes"])
 def test_a_failed_run_prints_the_summary_after_its_paragraph(stubbed, capsys, fault):
     from slime.backends.fsdp_utils.guards import NonFiniteError
-    from slime.ray.rollout import TooManyFailures
+    from slime.rollout.trainable_samples import TooManyFailures
 
     faults, base, out = stubbed
     if fault == "nan":

@@ -14,9 +14,10 @@ import torch
 from _engine_helpers import start_hf_engine
 from slime.backends.sglang_utils import engine_info
 from slime.backends.sglang_utils.router import point_router_at_engines
-from slime.ray.rollout import RolloutManager, select_trainable
+from slime.ray.rollout import RolloutManager
 from slime.rollout import on_policy_distillation as opd, sample_hooks, sglang_rollout, teacher_prefix
 from slime.rollout.sglang_rollout import build_sampling_params, run_async, sampling_seed
+from slime.rollout.trainable_samples import select_trainable
 from slime.utils.misc import load_function
 from slime.utils import http_utils
 from slime.utils.arguments import get_parser, validate_args

@@ -31,53 +31,15 @@ import os
 from pathlib import Path
 
 from slime.rollout.sample_hooks import set_current_rollout_id
+# TooManyFailures and trainable are not used here: imported so the names train.py and
+# slime.utils.failures reach through this module keep working (their home is trainable_samples).
+from slime.rollout.trainable_samples import TooManyFailures, select_trainable, trainable  # noqa: F401
 from slime.utils.data import Dataset, RolloutDataSource
 from slime.utils.step_metrics import turns_without_stop_fraction, warn_if_turns_cut
 from slime.utils.misc import load_function
 from slime.utils.types import Status
 
 logger = logging.getLogger(__name__)
-
-
-class TooManyFailures(RuntimeError):
-    """Most of a rollout batch failed: training on what is left would be training on nothing."""
-
-
-def trainable(sample) -> bool:
-    if sample.status in (Status.FAILED, Status.ABORTED):
-        return False
-    if sample.remove_sample:  # upstream's flag: failed episodes, finished B2F replays
-        return False
-    return sample.response_length > 0 and (sample.loss_mask is None or sum(sample.loss_mask) > 0)
-
-
-def select_trainable(args, groups) -> tuple[list, dict]:
-    """Flatten groups, keeping only trainable samples; group estimators drop whole incomplete groups.
-
-    Aborted episodes (the rollout stopped generation: ``GenerateState.aborted``) are dropped like failed
-    ones and counted apart: they do not count towards :class:`TooManyFailures`. A request the engine
-    aborted on its own fails its episode (``FAILED``, outcome ``engine_abort``) and counts as a failure.
-    """
-    group_estimator = args.advantage_estimator in ("grpo", "gspo", "reinforce_plus_plus_baseline") \
-        and args.n_samples_per_prompt > 1
-    kept, dropped, failed, aborted = [], 0, 0, 0
-    for group in groups:
-        ok = [trainable(s) for s in group]
-        failed += sum(s.status == Status.FAILED for s in group)
-        aborted += sum(s.status == Status.ABORTED for s in group)
-        if group_estimator and not all(ok):
-            dropped += len(group)
-            continue
-        kept.extend(s for s, good in zip(group, ok) if good)
-        dropped += len(group) - sum(ok)
-    total = sum(len(g) for g in groups)
-    if failed and failed * 2 > total:
-        reasons = sorted({str(s.metadata.get("error", "?"))[:200] for g in groups for s in g
-                          if s.status == Status.FAILED})[:3]
-        raise TooManyFailures(f"{failed} of {total} samples failed in this rollout (e.g. {reasons}); "
-                              "stopping instead of training on what is left")
-    return kept, {"rollout/failed": failed, "rollout/aborted": aborted, "rollout/dropped": dropped,
-                  "rollout/kept": len(kept)}
 
 
 class RolloutManager:

@@ -14,6 +14,7 @@ with the same seeds draws the same episodes. The curriculum's n stays the rollou
 from __future__ import annotations
 
 from slime.rollout.tcod import episode_plan
+from slime.rollout.trainable_samples import trainable
 
 # Waves in a row that train no turn at all (every episode failed or was removed) before the step gives up.
 MAX_EMPTY_WAVES = 3
@@ -21,8 +22,6 @@ MAX_EMPTY_WAVES = 3
 
 def trained_turns(group) -> int:
     """Student turns the trainer will see from ``group`` (dropped samples count none)."""
-    from slime.ray.rollout import trainable
-
     return sum(int(s.metadata.get("num_turns", 0)) for s in group if trainable(s))
 
 
