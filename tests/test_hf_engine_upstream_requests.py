@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime.backends.hf_engine.protocol import (GenerateRequest, GenerateResult, ProtocolError, build_response,
-                                               finish_length, parse_sampling_params)
+from slime.backends.hf_engine.protocol import GenerateRequest, ProtocolError, parse_sampling_params
+from slime.backends.hf_engine.response import GenerateResult, build_response, finish_length
 from slime.utils import http_utils
 from slime.utils.tiny_models import IM_END, IM_START, build_tokenizer, save_tiny_checkpoint
 

@@ -3,7 +3,9 @@
 Work arrives in FIFO order. Each loop turn the worker (1) runs every waiting score-only request
 (``max_new_tokens: 0``) in as few batched forwards as the token budget allows, (2) prefills waiting
 generation requests as one group and merges them into the running batch (up to ``max_batch_size``
-rows), (3) decodes one token for every running row. Rows leave the batch as soon as they finish.
+rows), (3) decodes one token for every running row. Rows leave the batch as soon as they finish. This
+module decides what runs together and when; what a request holds, when it stops and how it is
+answered across threads live in ``jobs``.
 
 ``load()`` counts what SGLang's ``/v1/loads`` counts: rows being decoded (running) and requests received
 but not yet decoding (waiting: queued, being scored or prefilled). Every job is counted from
@@ -31,66 +33,17 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from slime.backends.hf_engine.protocol import (GenerateRequest, GenerateResult, finish_abort, finish_length,
-                                               finish_stop)
+from slime.backends.hf_engine.jobs import Barrier, Job, finish_reason, id_lists, keep_input_logprobs, resolve
+from slime.backends.hf_engine.protocol import GenerateRequest
+from slime.backends.hf_engine.response import finish_abort, finish_length
 from slime.backends.hf_engine.prefix_cache import PrefixCache
 from slime.backends.hf_engine.row_runner import RowRunner
 from slime.backends.hf_engine.sampling import make_generator, sample_next, sample_rows
 
 logger = logging.getLogger(__name__)
-
-
-def _resolve(loop, future, value=None, error=None):
-    """Complete an asyncio future from the worker thread; a cancelled one (client gone) is left alone."""
-    def done():
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
-
-    loop.call_soon_threadsafe(done)
-
-
-def _keep_input_logprobs(result: GenerateResult, span) -> None:
-    """Store a runner :class:`Span` in the result as plain lists (the reply is built from those)."""
-    result.input_logprobs = span.logprobs.tolist()
-    if span.top is not None:
-        result.input_top_logprobs = list(zip(span.top[0].tolist(), span.top[1].tolist()))
-    if getattr(span, "asked", None) is not None:
-        result.input_token_ids_logprobs = span.asked.tolist()
-
-
-def _id_lists(jobs) -> dict:
-    """``id_lists=`` for the runner when some job asks for ``token_ids_logprob`` (else no keyword, so
-    runners that never see such requests need not take it)."""
-    lists = [getattr(j.req, "logprob_token_ids", None) for j in jobs]
-    return {"id_lists": lists} if any(lists) else {}
-
-
-@dataclass
-class _Job:
-    req: GenerateRequest
-    loop: object
-    future: object
-    generator: torch.Generator
-    started: float = field(default_factory=time.perf_counter)
-    result: GenerateResult = field(default_factory=GenerateResult)
-    abort_message: str | None = None
-    settled: bool = False  # answered or dropped: no longer counted by Scheduler.load()
-
-
-@dataclass
-class _Barrier:
-    kind: str  # "update_weights" | "flush_cache"
-    payload: dict
-    loop: object
-    future: object
 
 
 class Scheduler:
@@ -111,12 +64,12 @@ class Scheduler:
         self._seeds = random.Random(seed)  # seeds requests that bring none
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque = deque()
-        self._running: list[_Job] = []
+        self._running: list[Job] = []
         self._batch = None
         self._last_tokens = torch.empty(0, dtype=torch.long)
         # Jobs taken off the queue in this step that are neither running nor answered yet: if the step
         # fails, they are answered with the error too instead of waiting forever.
-        self._in_hand: list[_Job] = []
+        self._in_hand: list[Job] = []
         self._unanswered = 0  # jobs submitted and not yet settled
         self._count_lock = threading.Lock()
         self._stopped = False
@@ -137,14 +90,14 @@ class Scheduler:
             seed = self.default_seed if self.deterministic else self._seeds.getrandbits(63)
         with self._count_lock:
             self._unanswered += 1
-        self._inbox.put(_Job(req, loop, future, make_generator(seed)))
+        self._inbox.put(Job(req, loop, future, make_generator(seed)))
 
     def submit_update_weights(self, model_path: str, loop, future) -> None:
-        self._inbox.put(_Barrier("update_weights", {"model_path": model_path}, loop, future))
+        self._inbox.put(Barrier("update_weights", {"model_path": model_path}, loop, future))
 
     def submit_flush_cache(self, loop, future) -> None:
         """Drop the prefix cache: a barrier, so requests that arrived before it may still use it."""
-        self._inbox.put(_Barrier("flush_cache", {}, loop, future))
+        self._inbox.put(Barrier("flush_cache", {}, loop, future))
 
     def abort(self, rid: str | None) -> None:
         """Abort one request by rid, or every request when rid is None."""
@@ -195,7 +148,7 @@ class Scheduler:
 
     def _mark_aborted(self, rid):
         for job in list(self._waiting) + self._running:
-            if isinstance(job, _Job) and (rid is None or job.req.rid == rid):
+            if isinstance(job, Job) and (rid is None or job.req.rid == rid):
                 job.abort_message = "aborted by /abort_request"
 
     def _loop(self):
@@ -213,7 +166,7 @@ class Scheduler:
         # By identity: a job taken this step may already be running too (dataclasses do not hash).
         for job in {id(j): j for j in self._running + self._in_hand}.values():
             if not job.settled:
-                _resolve(job.loop, job.future, error=err)
+                resolve(job.loop, job.future, error=err)
                 self._settle(job)
         self._running, self._batch, self._in_hand = [], None, []
         self._last_tokens = torch.empty(0, dtype=torch.long)
@@ -234,18 +187,18 @@ class Scheduler:
 
     def _step(self):
         # Answer aborted waiting jobs right away; they never reach the model.
-        for job in [j for j in self._waiting if isinstance(j, _Job) and j.abort_message]:
+        for job in [j for j in self._waiting if isinstance(j, Job) and j.abort_message]:
             self._waiting.remove(job)
             job.result.finish_reason = finish_abort(job.abort_message)
             self._reply(job)
-        if self._waiting and isinstance(self._waiting[0], _Barrier):
+        if self._waiting and isinstance(self._waiting[0], Barrier):
             if not self._running:
                 self._run_barrier(self._waiting.popleft())
                 return
         else:
             segment = []
             for item in self._waiting:
-                if isinstance(item, _Barrier):
+                if isinstance(item, Barrier):
                     break
                 segment.append(item)
             self._run_scoring([j for j in segment if j.req.score_only])
@@ -254,10 +207,10 @@ class Scheduler:
             self._decode_step()
         self._in_hand = []  # the step went through: each taken job is running or answered
 
-    def _run_barrier(self, barrier: _Barrier):
+    def _run_barrier(self, barrier: Barrier):
         if barrier.kind == "flush_cache":
             self.prefix_cache.clear()
-            _resolve(barrier.loop, barrier.future, {"success": True})
+            resolve(barrier.loop, barrier.future, {"success": True})
             return
         path = barrier.payload["model_path"]
         self.prefix_cache.clear()  # KV computed with the old weights must not meet the new ones
@@ -266,7 +219,7 @@ class Scheduler:
             reply = {"success": True, "message": f"weights loaded from {path}"}
         except Exception as err:
             reply = {"success": False, "message": f"failed to load weights from {path}: {err}"}
-        _resolve(barrier.loop, barrier.future, reply)
+        resolve(barrier.loop, barrier.future, reply)
 
     def _budget_groups(self, jobs, cost):
         """Split jobs into groups whose padded token count stays within the prefill budget."""
@@ -289,10 +242,10 @@ class Scheduler:
         for group in self._budget_groups(jobs, lambda j: len(j.req.input_ids)):
             logger.debug("scoring %d request(s) in one forward", len(group))
             spans = self.runner.score([j.req.input_ids for j in group], [j.req.logprob_start_len for j in group],
-                                      [j.req.top_k_logprobs for j in group], **_id_lists(group))
+                                      [j.req.top_k_logprobs for j in group], **id_lists(group))
             for job, span in zip(group, spans):
                 if job.req.return_logprob:
-                    _keep_input_logprobs(job.result, span)
+                    keep_input_logprobs(job.result, span)
                 job.result.finish_reason = finish_length(0)
                 self._reply(job)
 
@@ -308,10 +261,10 @@ class Scheduler:
             starts = [j.req.logprob_start_len if j.req.return_logprob else None for j in group]
             batch, logits, spans = self.runner.prefill([j.req.input_ids for j in group], starts,
                                                        [prefixes[id(j)] for j in group],
-                                                       [j.req.top_k_logprobs for j in group], **_id_lists(group))
+                                                       [j.req.top_k_logprobs for j in group], **id_lists(group))
             for job, span in zip(group, spans):
                 if span is not None:
-                    _keep_input_logprobs(job.result, span)
+                    keep_input_logprobs(job.result, span)
             tokens, keep = self._advance(group, logits, batch)
             if not keep:
                 continue
@@ -325,7 +278,7 @@ class Scheduler:
                 self._running = self._running + new_jobs
                 self._last_tokens = torch.cat([self._last_tokens, new_tokens])
 
-    def _reusable_prefix(self, job: _Job):
+    def _reusable_prefix(self, job: Job):
         """``(n, entry)``: how many leading input tokens the prefix cache can supply, and from where."""
         if not self.prefix_cache.enabled:
             return 0, None
@@ -337,7 +290,7 @@ class Scheduler:
             limit = min(limit, job.req.logprob_start_len)
         return self.prefix_cache.lookup(ids, limit)
 
-    def _remember(self, job: _Job, batch, row: int) -> None:
+    def _remember(self, job: Job, batch, row: int) -> None:
         """Store a finished row's KV: its input and every output token but the last (never fed)."""
         if not self.prefix_cache.enabled:
             return
@@ -368,7 +321,7 @@ class Scheduler:
 
         Returns (tokens, kept rows). Finished rows are stored in the prefix cache first.
         """
-        extra = _id_lists(jobs)
+        extra = id_lists(jobs)
         tokens, logprobs, tops, *asked = self._sample(logits, [j.req.sampling for j in jobs],
                                                       [j.generator for j in jobs], [j.req.top_k_logprobs for j in jobs],
                                                       **extra)
@@ -389,7 +342,7 @@ class Scheduler:
                 job.result.output_top_logprobs.append(tops[i])
             if asked[i] is not None:
                 job.result.output_token_ids_logprobs.append(asked[i])
-            finish = self._finish_reason(job, token)
+            finish = finish_reason(job, token, self.runner)
             if finish is None:
                 keep.append(i)
             else:
@@ -398,24 +351,7 @@ class Scheduler:
                 self._reply(job)
         return tokens, keep
 
-    def _finish_reason(self, job: _Job, token: int):
-        sp, out = job.req.sampling, job.result.output_ids
-        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.runner.eos_ids):
-            return finish_stop(token)
-        if sp.stop:
-            text = self.runner.tokenizer.decode(out, skip_special_tokens=sp.skip_special_tokens)
-            for stop in sp.stop:
-                if stop in text:
-                    return finish_stop(stop)
-        if len(out) >= sp.max_new_tokens:
-            return finish_length(sp.max_new_tokens)
-        # SGLang's scheduler caps max_new_tokens at max_req_len - input - 1, max_req_len being
-        # context - 1 (without a KV-pool limit): a request stops 2 tokens short of the context.
-        if len(job.req.input_ids) + len(out) >= self.runner.context_len - 2:
-            return finish_length(len(out))
-        return None
-
-    def _reply(self, job: _Job):
+    def _reply(self, job: Job):
         job.result.latency_s = time.perf_counter() - job.started
-        _resolve(job.loop, job.future, job.result)
+        resolve(job.loop, job.future, job.result)
         self._settle(job)

@@ -23,8 +23,9 @@ from datetime import datetime, timezone
 
 from aiohttp import web
 
-from slime.backends.hf_engine.protocol import (GenerateRequest, ProtocolError, SamplingParams, build_response,
-                                               max_req_input_len, parse_generate)
+from slime.backends.hf_engine.protocol import (GenerateRequest, ProtocolError, SamplingParams, max_req_input_len,
+                                               parse_generate)
+from slime.backends.hf_engine.response import build_response
 
 logger = logging.getLogger(__name__)
 
