@@ -2,7 +2,7 @@
 
 * Every relative Markdown link (and image) in README.md, docs/**/*.md and examples/**/README.md
   resolves to a file of this repository; a ``#anchor`` into a Markdown file must name one of its
-  headings (GitHub's slugs). The one exception is the pull request's pages (tools/slime_pr/manifest.py),
+  headings (GitHub's slugs). The one exception is the pull requests' pages (tools/slime_pr/manifest*.py),
   which link upstream slime's pages relatively, as they will sit in its tree (the harness,
   tools/slime_pr/verify_pr.py, checks those links in the ported tree); this repository's own pages link
   upstream's files as https://github.com/THUDM/slime/blob/main/PATH. A repository path they name in backticks (``slime/rollout/tcod.py``)
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from slime.utils.arguments import get_parser
-from tools.slime_pr import manifest
+from tools.slime_pr import manifest, manifest_adaptive_kl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ UPSTREAM_ONLY_TARGETS = {
     "examples/on_policy_distillation/README.md",
     "examples/geo3k_vlm_multi_turn/README.md",
 }
-PR_MARKDOWN = {p for p in manifest.COPIED_FILES if p.endswith(".md")}
+PR_MARKDOWN = {p for p in (*manifest.COPIED_FILES, *manifest_adaptive_kl.COPIED_FILES) if p.endswith(".md")}
 UPSTREAM_URL = "https://github.com/THUDM/slime/blob/main/"
 # Files of upstream slime's tree that the docs name in backticks as upstream's: they exist there, not here.
 UPSTREAM_PATHS = {
@@ -78,7 +78,9 @@ OUTSIDE = {
     # Megatron-LM's own flags that docs/en/megatron_backend.md names but this runtime does not take.
     "megatron": {"--ckpt-step"},
     # Upstream slime's train.py flags that the PR's docs name and this runtime does not have.
-    "upstream slime": {"--ci-test", "--partial-rollout", "--router-policy", "--use-rollout-routing-replay"},
+    "upstream slime": {"--ci-test", "--partial-rollout", "--router-policy", "--use-rollout-routing-replay",
+                       "--custom-advantage-function-path", "--disable-compute-advantages-and-returns",
+                       "--ref-update-interval"},
     # hf download (huggingface_hub), in the example README's download step.
     "hf": {"--local-dir"},
 }

@@ -216,7 +216,7 @@ def test_launch_flags_on_the_ported_upstream_tree(tmp_path):
 
 
 def test_pr_test_entries_go_after_the_opd_test_and_into_the_cpu_job_once():
-    from tools.slime_pr import pr_test_entry as entry
+    from tools.slime_pr import manifest as entry
 
     old = f"{{'test_file': '{entry.TEST_FILE}', 'num_gpus': 4}},"  # an older registration: replaced
     template = (
@@ -236,7 +236,7 @@ def test_pr_test_entries_go_after_the_opd_test_and_into_the_cpu_job_once():
     assert {m for m, _, _ in entry.GPU_CONFIGS} == {"f2b", "b2f"} and len(entry.GPU_CONFIGS) == 2
     assert {n for _, o, n in entry.GPU_CONFIGS if o == "megatron"} == {2}
     assert "NUM_GPUS = 3" in (ROOT / "tests" / entry.TEST_FILE).read_text()
-    with pytest.raises(entry.RegisterError):
+    with pytest.raises(entry.PortError):
         entry.edit_template(template.replace(entry.ANCHOR, ""))
-    with pytest.raises(entry.RegisterError):
+    with pytest.raises(entry.PortError):
         entry.edit_template(template.replace(entry.CPU_JOB_LINE, "'other-job': {"))

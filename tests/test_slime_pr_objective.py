@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.slime_pr import objective_cases as oc
 from tools.slime_pr import verify_objective as vo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def runtime_results():
-    cases = vo.build_spec()
-    with vo.TeacherServer() as teacher:
+    cases = oc.build_spec()
+    with oc.TeacherServer() as teacher:
         out = vo.runtime_side({"cases": cases, "teacher_url": teacher.url}, patch_pure=False)
     return cases, out
 
@@ -43,7 +44,7 @@ def test_runtime_advantages_are_the_opd_term(runtime_results):
         result = out["cases"][case["name"]]["pure"]
         for s in case["samples"]:
             start = len(s["tokens"]) - s["response_length"]
-            teacher = [vo.teacher_log_prob(t, start + j) for j, t in enumerate(s["tokens"][start:])]
+            teacher = [oc.teacher_log_prob(t, start + j) for j, t in enumerate(s["tokens"][start:])]
             student = s["rollout_log_probs"] if case["use_rollout_logprobs"] else s["recomputed_log_probs"]
             kl = [st - te for st, te in zip(student, teacher, strict=True)]
             adv = result["adv"][str(s["index"])]
@@ -61,14 +62,14 @@ def test_comparison_passes_on_equal_results_and_flags_a_small_mismatch(runtime_r
         for s in case["samples"]:
             pure = out["cases"][case["name"]]["pure"]["adv"][str(s["index"])]
             task[str(s["index"])] = [a + s["task_reward"] for a in pure]
-    report = vo.Report()
-    vo.compare(spec, upstream, out, report)
+    report = oc.Report()
+    oc.compare(spec, upstream, out, report)
     assert report.failed == 0, capsys.readouterr().out
 
     name, index = cases[1]["name"], str(cases[1]["samples"][0]["index"])
-    upstream["cases"][name]["pure"]["adv"][index][0] += 3 * vo.TOL
-    report = vo.Report()
-    vo.compare(spec, upstream, out, report)
+    upstream["cases"][name]["pure"]["adv"][index][0] += 3 * oc.TOL
+    report = oc.Report()
+    oc.compare(spec, upstream, out, report)
     printed = capsys.readouterr().out
     # The perturbed advantage breaks both equalities: upstream's against this runtime's, and the closed form.
     assert report.failed == 2
@@ -89,4 +90,4 @@ def test_upstream_and_runtime_advantages_match():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
     controls = [line for line in proc.stdout.splitlines() if "negative control" in line]
-    assert len(controls) == len(vo.CASES) and all(line.startswith("PASS") for line in controls), proc.stdout
+    assert len(controls) == len(oc.CASES) and all(line.startswith("PASS") for line in controls), proc.stdout

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.slime_pr import manifest, port, pr_test_entry, verify_pr
+from tools.slime_pr import manifest, port, verify_pr
 from slime.utils.tcod_arguments import validate_tcod_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,17 +136,17 @@ def _lines(rel: str) -> int:
 
 
 def test_pr_stays_within_its_caps():
-    group, validate = port.spliced_text()
-    spliced = len(group) + len(validate) + 2 + len(port.REGISTER_LINE.splitlines())  # +2: blank lines
-    core = sum(_lines(rel) for rel in manifest.CORE_FILES) + spliced + len(port.GETTER.splitlines())
-    assert core <= verify_pr.MAX_CORE
+    group, validate = manifest.spliced_text()
+    spliced = len(group) + len(validate) + 2 + len(manifest.REGISTER_LINE.splitlines())  # +2: blank lines
+    core = sum(_lines(rel) for rel in manifest.CORE_FILES) + spliced + len(manifest.GETTER.splitlines())
+    assert core <= manifest.CAPS["core"]
     example_py = sum(_lines(rel) for rel in manifest.EXAMPLE_FILES if rel.endswith(".py"))
-    assert example_py <= verify_pr.MAX_EXAMPLE_PY
+    assert example_py <= manifest.CAPS["example_py"]
     # core counts the CORE_FILES, which COPIED_FILES holds too. Registration: the template's entries, each
     # rendered in pr-test.yml as a JSON object of 4 or 5 lines, the GPU ones in two jobs; 10: indexes, README.
-    registered = len(pr_test_entry.ENTRIES) + 2 * 5 * len(pr_test_entry.GPU_ENTRIES) + 4 * len(pr_test_entry.CPU_ENTRIES)
+    registered = len(manifest.ENTRIES) + 2 * 5 * len(manifest.GPU_ENTRIES) + 4 * len(manifest.CPU_ENTRIES)
     copied = sum(_lines(rel) for rel in manifest.COPIED_FILES if rel not in manifest.CORE_FILES)
-    assert copied + core + registered + 10 <= verify_pr.MAX_ADDED
+    assert copied + core + registered + 10 <= manifest.CAPS["added"]
 
 
 def test_runtime_has_the_upstream_names_the_pr_uses():
@@ -155,7 +155,7 @@ def test_runtime_has_the_upstream_names_the_pr_uses():
     sample_hooks.set_current_rollout_id(7)
     assert sample_hooks.get_current_rollout_id() == 7  # the same getter port.py adds upstream
     sample_hooks.set_current_rollout_id(None)
-    assert "def get_current_rollout_id() -> int | None:" in port.GETTER
+    assert "def get_current_rollout_id() -> int | None:" in manifest.GETTER
 
 
 def test_validation_leaves_args_without_tcod_flags_alone():
@@ -171,11 +171,11 @@ GENERATOR = "from pathlib import Path\nd = Path(__file__).parent\n(d / 'pr-test.
 
 # Upstream's CI template in miniature: the GPU list with the OPD test, a CPU job's list.
 FAKE_TEMPLATE = f"""<% set megatron_tests = [
-    {pr_test_entry.ANCHOR}
+    {manifest.ANCHOR}
     {{'test_file': 'test_other_gpu.py', 'num_gpus': 4}},
 ] %>
 <% set jobs = {{
-    {pr_test_entry.CPU_JOB_LINE}
+    {manifest.CPU_JOB_LINE}
       'cpu': True,
       'tests': [
         {{'test_file': 'test_sample.py', 'num_gpus': 0}},
@@ -220,13 +220,13 @@ def slime_validate_args(args):
 
 def _fake_upstream(root: Path) -> Path:
     """The smallest tree carrying every marker port.py checks (not upstream's code)."""
-    for rel, needle, _ in port.EXPECTED:
+    for rel, needle, _ in manifest.EXPECTED:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text((path.read_text() if path.exists() else "") + needle + "\n")
-    (root / port.ARGS).write_text(FAKE_ARGUMENTS)
-    (root / pr_test_entry.TEMPLATE).write_text(FAKE_TEMPLATE)
-    (root / pr_test_entry.GENERATOR).write_text(GENERATOR)
+    (root / manifest.ARGS).write_text(FAKE_ARGUMENTS)
+    (root / manifest.TEMPLATE).write_text(FAKE_TEMPLATE)
+    (root / manifest.GENERATOR).write_text(GENERATOR)
     return root
 
 
@@ -245,7 +245,7 @@ def test_port_applies_once_and_is_idempotent(tmp_path):
         assert (tree / rel).read_bytes() == (ROOT / rel).read_bytes()
     assert not (tree / "scripts/run-tiny-tcod.sh").exists() and not (tree / "tools").exists()  # runtime only
     assert not (tree / manifest.ARGUMENTS_SOURCE).exists()  # spliced, not copied
-    arguments = (tree / port.ARGS).read_text()
+    arguments = (tree / manifest.ARGS).read_text()
     module = ast.parse(arguments)
     top = [n.name for n in module.body if isinstance(n, ast.FunctionDef)]
     assert top == ["get_slime_extra_args_provider", "slime_validate_args"]  # nothing at module level
@@ -259,28 +259,28 @@ def test_port_applies_once_and_is_idempotent(tmp_path):
     assert tests == ["args.use_opd", "args.custom_config_path", "getattr(args, 'use_tcod', False)", "args.y"]
     assert "validate_tcod_args" not in arguments and "def validate" not in arguments  # inline, not a call
     assert "        def add_tcod_arguments(parser):\n" in arguments and "\n\n\n        def" not in arguments
-    hooks = (tree / port.SAMPLE_HOOKS).read_text()
+    hooks = (tree / manifest.SAMPLE_HOOKS).read_text()
     assert hooks.count("def get_current_rollout_id() -> int | None:") == 1
-    rendered = (tree / pr_test_entry.RENDERED).read_text()
-    assert all(rendered.count(entry) == 1 for entry in pr_test_entry.ENTRIES)
+    rendered = (tree / manifest.RENDERED).read_text()
+    assert all(rendered.count(entry) == 1 for entry in manifest.ENTRIES)
     lines = [line.strip() for line in rendered.splitlines()]
-    opd = lines.index(pr_test_entry.ANCHOR)
-    assert lines[opd + 1 : opd + 1 + len(pr_test_entry.GPU_ENTRIES)] == list(pr_test_entry.GPU_ENTRIES)
+    opd = lines.index(manifest.ANCHOR)
+    assert lines[opd + 1 : opd + 1 + len(manifest.GPU_ENTRIES)] == list(manifest.GPU_ENTRIES)
     sample = lines.index("{'test_file': 'test_sample.py', 'num_gpus': 0},")  # the CPU job's list, at its end
-    assert lines[sample + 1 : sample + 2 + len(pr_test_entry.CPU_ENTRIES)] == [*pr_test_entry.CPU_ENTRIES, "],"]
+    assert lines[sample + 1 : sample + 2 + len(manifest.CPU_ENTRIES)] == [*manifest.CPU_ENTRIES, "],"]
     before = _snapshot(tree)
     assert port.port(tree) == []
     assert _snapshot(tree) == before
 
 
 def test_splice_replaces_itself_and_comes_off_cleanly():
-    ported = port.edit_arguments(FAKE_ARGUMENTS)
-    assert port.edit_arguments(ported) == ported
-    assert port.remove_splice(ported) == FAKE_ARGUMENTS
-    group, validate = port.spliced_text()
+    ported = manifest.edit_arguments(FAKE_ARGUMENTS)
+    assert manifest.edit_arguments(ported) == ported
+    assert manifest.remove_splice(ported) == FAKE_ARGUMENTS
+    group, validate = manifest.spliced_text()
     assert "".join(group) in ported and "".join(validate) in ported
     stale = ported.replace("Default is 1.", "Default is one.")  # an older splice is replaced, not doubled
-    assert port.edit_arguments(stale) == ported
+    assert manifest.edit_arguments(stale) == ported
 
 
 def test_spliced_group_parses_as_the_runtime_does():
@@ -290,7 +290,7 @@ def test_spliced_group_parses_as_the_runtime_does():
 
     namespace: dict = {}
     # The nested def as upstream will hold it, back at module level to run it here.
-    text = "".join(line[len(port.GROUP_INDENT) :] if line.strip() else line for line in port.spliced_text()[0])
+    text = "".join(line[len(manifest.GROUP_INDENT) :] if line.strip() else line for line in manifest.spliced_text()[0])
     exec(compile(text, "splice", "exec"), namespace)
     ours = namespace["add_tcod_arguments"](argparse.ArgumentParser()).parse_args([])
     runtime = add_tcod_arguments(argparse.ArgumentParser()).parse_args([])
@@ -314,8 +314,8 @@ def test_pr_stays_within_its_caps_on_upstreams_tree(tmp_path):
     files = verify_pr.diff_stats(pristine, tree)
     added = sum(len(a) for a, _ in files.values())
     core = sum(len(a) for rel, (a, _) in files.items() if rel.startswith("slime/"))
-    assert core <= verify_pr.MAX_CORE, f"+{core} lines under slime/"
-    assert added <= verify_pr.MAX_ADDED, f"the PR adds {added} lines: " + ", ".join(
+    assert core <= manifest.CAPS["core"], f"+{core} lines under slime/"
+    assert added <= manifest.CAPS["added"], f"the PR adds {added} lines: " + ", ".join(
         f"{rel} +{len(a)}" for rel, (a, _) in sorted(files.items(), key=lambda kv: -len(kv[1][0])))
 
 
@@ -325,20 +325,20 @@ def test_splice_on_upstreams_own_arguments_py():
         cmd = ["git", "-C", str(UPSTREAM_MIRROR), "show", f"{manifest.VERIFIED_COMMIT}:{rel}"]
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
-    upstream = show(port.ARGS)
-    ported = port.edit_arguments(upstream)
-    assert port.edit_arguments(ported) == ported and port.remove_splice(ported) == upstream
+    upstream = show(manifest.ARGS)
+    ported = manifest.edit_arguments(upstream)
+    assert manifest.edit_arguments(ported) == ported and manifest.remove_splice(ported) == upstream
     lines = ported.splitlines()
     opd = lines.index("        def add_on_policy_distillation_arguments(parser):")
     assert lines.index("        def add_tcod_arguments(parser):") > opd
-    assert lines.index(port.REGISTER_LINE.rstrip("\n")) == lines.index(port.REGISTER_ANCHOR.rstrip("\n")) + 1
+    assert lines.index(manifest.REGISTER_LINE.rstrip("\n")) == lines.index(manifest.REGISTER_ANCHOR.rstrip("\n")) + 1
     yaml_at = next(i for i, line in enumerate(lines) if line == "    if args.custom_config_path:")
     tcod_at = lines.index('    if getattr(args, "use_tcod", False):')
     assert yaml_at < tcod_at < lines.index("    if args.eval_max_context_len is None:")
-    hooks = show(port.SAMPLE_HOOKS)
-    edited = port.edit_sample_hooks(hooks)
-    assert edited != hooks and port.edit_sample_hooks(edited) == edited
-    assert len(edited.splitlines()) - len(hooks.splitlines()) == len(port.GETTER.splitlines())
+    hooks = show(manifest.SAMPLE_HOOKS)
+    edited = manifest.edit_sample_hooks(hooks)
+    assert edited != hooks and manifest.edit_sample_hooks(edited) == edited
+    assert len(edited.splitlines()) - len(hooks.splitlines()) == len(manifest.GETTER.splitlines())
 
 
 def test_port_commits_a_short_series_in_a_git_tree(tmp_path):
@@ -349,7 +349,7 @@ def test_port_commits_a_short_series_in_a_git_tree(tmp_path):
     subprocess.run([*git, "commit", "-qm", "upstream"], check=True)
     port.port(tree)
     log = subprocess.run([*git, "log", "--format=%s"], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert log[:-1] == [message for message, _ in reversed(port.COMMITS)]
+    assert log[:-1] == [message for message, _ in reversed(manifest.COMMITS)]
     assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == ""
     assert port.port(tree) == []
 

@@ -1,4 +1,4 @@
-"""The upstream proof harness (tools/slime_pr/verify.sh, contracts.py, verify_pr.py, cpu_ci.py), without an
+"""The upstream proof harness (tools/slime_pr/verify.sh, trees.py, contracts.py, verify_pr.py, cpu_ci.py), without an
 upstream checkout: argument handling, refusing trees that are not upstream slime, tree copies and checksums,
 the verdict rules, the pytest recorder on a tiny stand-in tree, the PR's caps and runtime-name checks
 on stand-in pristine / ported trees, and how the CPU-CI step reads upstream's CPU jobs (pip lines, files,
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.slime_pr import contracts, verify_pr
+from tools.slime_pr import contracts, cpu_ci_env, manifest, trees, verify_pr
 
 REPO = Path(__file__).resolve().parents[1]
 VERIFY = REPO / "tools/slime_pr/verify.sh"
@@ -77,12 +77,12 @@ def test_copy_tree_of_a_plain_tree_skips_caches_and_virtualenvs(tmp_path):
         (src / junk).write_text("junk")
     (src / "run.sh").write_text("#!/bin/sh\n")
     (src / "run.sh").chmod(0o755)
-    assert contracts.main(["copy-tree", str(src), str(tmp_path / "dst")]) == 0
+    assert trees.main(["copy", str(src), str(tmp_path / "dst")]) == 0
     dst = tmp_path / "dst"
     assert all((dst / rel).is_file() for rel in MARKERS)
     assert not any((dst / j).exists() for j in [".venv", "slime/__pycache__", ".git", "pkg.egg-info"])
     assert os.access(dst / "run.sh", os.X_OK)
-    assert contracts.tree_digest(src) == contracts.tree_digest(dst)  # the junk is outside the checksum too
+    assert trees.tree_digest(src) == trees.tree_digest(dst)  # the junk is outside the checksum too
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -97,7 +97,7 @@ def test_copy_tree_of_a_git_checkout_takes_its_files_but_not_ignored_ones(tmp_pa
     subprocess.run(git + ["commit", "-qm", "init"], check=True)
     (src / "untracked.txt").write_text("u")  # untracked, not ignored: part of the working tree
     (src / "slime/utils/types.py").unlink()  # deleted in the working tree: not copied
-    assert contracts.main(["copy-tree", str(src), str(tmp_path / "dst")]) == 0
+    assert trees.main(["copy", str(src), str(tmp_path / "dst")]) == 0
     dst = tmp_path / "dst"
     assert (dst / "untracked.txt").is_file() and (dst / ".gitignore").is_file()
     assert not (dst / "ignored").exists() and not (dst / ".git").exists()
@@ -106,18 +106,18 @@ def test_copy_tree_of_a_git_checkout_takes_its_files_but_not_ignored_ones(tmp_pa
 
 def test_tree_digest_sees_content_names_and_modes(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n")
-    first = contracts.tree_digest(tmp_path)
-    assert contracts.tree_digest(tmp_path) == first
+    first = trees.tree_digest(tmp_path)
+    assert trees.tree_digest(tmp_path) == first
     (tmp_path / "a.py").chmod(0o755)
-    moded = contracts.tree_digest(tmp_path)
+    moded = trees.tree_digest(tmp_path)
     assert moded != first
     (tmp_path / "a.py").write_text("x = 2\n")
-    assert contracts.tree_digest(tmp_path) != moded
+    assert trees.tree_digest(tmp_path) != moded
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__/a.pyc").write_bytes(b"\0")
-    before = contracts.tree_digest(tmp_path)
+    before = trees.tree_digest(tmp_path)
     (tmp_path / "b.py").write_text("")
-    assert contracts.tree_digest(tmp_path) != before
+    assert trees.tree_digest(tmp_path) != before
 
 
 def _rec(outcome, progress=None):
@@ -223,9 +223,9 @@ def test_caps_fail_when_exceeded_and_counts_are_printed(tmp_path, capsys, monkey
     pristine, ported = _pr_trees(tmp_path, {"examples/multi_turn_tcod/rollout.py": example,
                                             "slime/rollout/tcod.py": "y = 2\n" * 151})
     monkeypatch.setattr(verify_pr, "FAILED", [])
-    monkeypatch.setattr(verify_pr.lint, "missing_linters", lambda: [])
-    monkeypatch.setattr(verify_pr.lint, "lint", lambda files: [])
-    monkeypatch.setattr(verify_pr.manifest, "TEST_FILES", ())
+    monkeypatch.setattr(verify_pr, "missing_linters", lambda: [])
+    monkeypatch.setattr(verify_pr, "lint", lambda files: [])
+    monkeypatch.setattr(manifest, "TEST_FILES", ())
     assert verify_pr.main([str(pristine), str(ported)]) == 1
     out = capsys.readouterr().out
     assert "FAIL  size: the example's Python is 1001 lines (cap 1000)" in out
@@ -304,49 +304,41 @@ def test_a_cpu_job_registering_a_gpu_test_is_refused(tmp_path):
 
 
 def test_torch_comes_from_pypi_when_its_index_is_unreachable(monkeypatch):
-    from tools.slime_pr import cpu_ci
-
     lines = [("torch", "--index-url", "https://download.pytorch.org/whl/cpu"), ("pytest",)]
-    assert cpu_ci.effective_pip(lines, reachable=True) == (lines, [])
+    assert cpu_ci_env.effective_pip(lines, reachable=True) == (lines, [])
     monkeypatch.delenv("CPU_CI_TORCH", raising=False)
-    out, notes = cpu_ci.effective_pip(lines, reachable=False)
+    out, notes = cpu_ci_env.effective_pip(lines, reachable=False)
     assert out == [("torch==2.13.0",), ("pytest",)] and "CUDA build" in notes[0] and "PyPI" in notes[0]
     monkeypatch.setenv("CPU_CI_TORCH", "torch==2.9.1")
-    assert cpu_ci.effective_pip(lines, reachable=False)[0][0] == ("torch==2.9.1",)
+    assert cpu_ci_env.effective_pip(lines, reachable=False)[0][0] == ("torch==2.9.1",)
 
 
 def test_pytest_summaries_are_counted_and_only_all_passed_is_strict(tmp_path):
-    from tools.slime_pr import cpu_ci
-
-    assert cpu_ci.parse_counts("x\n======= 15 passed, 1 warning in 0.26s =======\n") == {"passed": 15, "warning": 1}
-    assert cpu_ci.parse_counts("== 3 passed, 1 skipped, 2 errors in 1.00s (0:00:01) ==") == {
+    assert cpu_ci_env.parse_counts("x\n======= 15 passed, 1 warning in 0.26s =======\n") == {"passed": 15, "warning": 1}
+    assert cpu_ci_env.parse_counts("== 3 passed, 1 skipped, 2 errors in 1.00s (0:00:01) ==") == {
         "passed": 3, "skipped": 1, "error": 2}
-    assert cpu_ci.parse_counts("no summary") == {}
+    assert cpu_ci_env.parse_counts("no summary") == {}
     log = tmp_path / "log"
-    assert cpu_ci.Result(0, 1.0, {"passed": 15, "warning": 1}, log).strict
-    assert not cpu_ci.Result(0, 1.0, {"passed": 15, "skipped": 1}, log).strict
-    assert not cpu_ci.Result(0, 1.0, {}, log).strict and not cpu_ci.Result(1, 1.0, {"passed": 2}, log).strict
-    assert cpu_ci.Result("timeout", 900.0, {}, log).label().startswith("TIMEOUT")
+    assert cpu_ci_env.Result(0, 1.0, {"passed": 15, "warning": 1}, log).strict
+    assert not cpu_ci_env.Result(0, 1.0, {"passed": 15, "skipped": 1}, log).strict
+    assert not cpu_ci_env.Result(0, 1.0, {}, log).strict and not cpu_ci_env.Result(1, 1.0, {"passed": 2}, log).strict
+    assert cpu_ci_env.Result("timeout", 900.0, {}, log).label().startswith("TIMEOUT")
 
 
 def test_cpu_ci_layers_a_venv_on_another_after_its_own_packages(tmp_path):
-    from tools.slime_pr import cpu_ci
-
     below, above = tmp_path / "below", tmp_path / "above"
     for venv in (below, above):
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    (cpu_ci._site(below) / "only_below.py").write_text("WHERE = 'below'\n")
-    (cpu_ci._site(below) / "both.py").write_text("WHERE = 'below'\n")
-    (cpu_ci._site(above) / "both.py").write_text("WHERE = 'above'\n")
-    cpu_ci._layer(above, below)
+    (cpu_ci_env._site(below) / "only_below.py").write_text("WHERE = 'below'\n")
+    (cpu_ci_env._site(below) / "both.py").write_text("WHERE = 'below'\n")
+    (cpu_ci_env._site(above) / "both.py").write_text("WHERE = 'above'\n")
+    cpu_ci_env._layer(above, below)
     code = "import both, only_below; print(both.WHERE, only_below.WHERE)"
     out = subprocess.run([str(above / "bin/python"), "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["above", "below"]
 
 
 def test_verify_pr_finds_how_ci_would_miss_the_prs_tests(tmp_path, monkeypatch):
-    from tools.slime_pr import manifest, pr_test_entry
-
     tree = _template_tree(tmp_path / "ported", MINI_TEMPLATE)
     cpu, gpu = "tests/test_a.py", "tests/test_gpu.py"
     (tree / "tests").mkdir()
@@ -354,8 +346,8 @@ def test_verify_pr_finds_how_ci_would_miss_the_prs_tests(tmp_path, monkeypatch):
     (tree / gpu).write_text("NUM_GPUS = 3\n")
     monkeypatch.setattr(manifest, "CPU_TEST_FILES", (cpu, "tests/test_missing.py"))
     monkeypatch.setattr(manifest, "TEST_FILES", (cpu, "tests/test_missing.py", gpu))
-    monkeypatch.setattr(verify_pr, "GPU_TEST", gpu)
-    problems = verify_pr.registration_problems(tree, ["tests/conftest.py"])
+    monkeypatch.setattr(manifest, "GPU_TEST_FILE", gpu)
+    problems = verify_pr.registration_problems(tree, ["tests/conftest.py"], manifest)
     assert problems == [
         "tests/conftest.py: the PR adds a conftest.py; a test stubs what it needs itself",
         "tests/test_missing.py: not in the ported tree",
@@ -363,7 +355,7 @@ def test_verify_pr_finds_how_ci_would_miss_the_prs_tests(tmp_path, monkeypatch):
         f"{gpu}: not registered in any GPU job",
     ]
     (tree / cpu).write_text("NUM_GPUS = 8\n")
-    assert verify_pr.registration_problems(tree, [])[:2] == [
+    assert verify_pr.registration_problems(tree, [], manifest)[:2] == [
         f"{cpu}: NUM_GPUS is 8, want 0", f"{cpu}: does not end with upstream's runner "
         "'raise SystemExit(pytest.main([__file__]))'"]
-    assert pr_test_entry.GPU_CONFIGS[0][2] == 3  # the GPU test's NUM_GPUS is its default configuration's
+    assert manifest.GPU_CONFIGS[0][2] == 3  # the GPU test's NUM_GPUS is its default configuration's

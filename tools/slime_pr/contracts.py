@@ -1,47 +1,25 @@
 #!/usr/bin/env python3
-"""Python driver of ``verify.sh``: upstream slime's own CPU tests and plugin contracts, run on a ported tree.
+"""Upstream slime's own CPU tests and plugin contracts, run on the TCOD PR's ported tree (verify.sh's step 3).
 
-``verify.sh SLIME_DIR`` makes two copies of an upstream slime tree, ``pristine/`` and ``ported/`` (the latter
-with ``port.py`` applied), and calls this driver for the parts that are easier in Python:
+    python tools/slime_pr/contracts.py deps --tree PRISTINE [--no-install]
+    python tools/slime_pr/contracts.py matrix --pristine P --ported Q --work W [--summary FILE]
 
-``copy-tree SRC DST``
-    Copy an upstream tree (a git checkout: its tracked and untracked-but-not-ignored files; a plain tree:
-    everything but VCS, cache and virtualenv folders).
-``digest DIR``
-    One sha256 over a tree's paths, modes and contents (``.git``, caches, virtualenvs, ``*.egg-info``,
-    ``*.pyc`` left out): the idempotence check compares it before and after a second ``port.py`` run.
-``deps --tree PRISTINE``
-    Make sure this Python can import what upstream's CPU tests import (found by running them on the
-    pristine tree, with their reference hooks); missing packages named in the tree's requirements.txt (or
-    in ``ALSO_INSTALLABLE``) are pip-installed into this Python (``VERIFY_NO_INSTALL=1``: list them and
-    fail instead). ray, sglang, sglang_router and torch are never installed: upstream's contract tests stub
-    the first three, torch is the user's choice of build.
-``matrix --pristine P --ported Q --work W``
-    Run ``tests/test_sample.py``, ``tests/test_rollout_metrics.py``,
-    ``tests/test_megatron_argument_validation.py`` (``slime_validate_args``) and ``tests/plugin_contracts/`` on both
-    trees. On ``ported/`` the ``SLIME_CONTRACT_*`` variables point at this contribution's hooks; on
-    ``pristine/`` at upstream's own counterpart of each hook. Every test gets a verdict:
+``deps`` makes this Python able to import what those tests import (upstream_tests.py). ``matrix`` runs
+``UPSTREAM_TESTS`` (tests/test_sample.py, tests/test_rollout_metrics.py, tests/test_megatron_argument_validation.py:
+``slime_validate_args``, and tests/plugin_contracts/) on both trees. On ``ported/`` the ``SLIME_CONTRACT_*``
+variables point at the PR's hooks; on ``pristine/`` at upstream's own counterpart of each hook (``HOOKS``). Every
+test gets a verdict:
 
-    * PASS         passes on the ported tree with our hook;
-    * FAIL-SHARED  fails with our hook, and upstream's own counterpart fails it too, at the same point of the
-                   test or earlier (so the contract asks for something upstream's own hooks of that kind do
-                   not do either);
-    * FAIL-OURS    fails with our hook where upstream's counterpart passes, or stops at an earlier point of the
-                   test than upstream's counterpart does (an import error, a signature mismatch...): a real
-                   problem of the contribution;
-    * FAIL-BOTH    a test without a hook that fails on the pristine tree too (an environment problem; still
-                   a failure).
+* PASS         passes on the ported tree with our hook;
+* FAIL-SHARED  fails with our hook, and upstream's own counterpart fails it too, at the same point of the test or
+               earlier (so the contract asks for something upstream's own hooks of that kind do not do either);
+* FAIL-OURS    fails with our hook where upstream's counterpart passes, or stops at an earlier point of the test
+               than upstream's counterpart does (an import error, a signature mismatch...): a real problem;
+* FAIL-BOTH    a test without a hook that fails on the pristine tree too (an environment problem; still a failure).
 
-    Exit status 1 on any FAIL-OURS or FAIL-BOTH, or if a hook's contract test is missing upstream.
-
-``_pytest --results JSON -- PYTEST_ARGS``
-    Internal: one pytest session in the current directory (a tree), recording each test's outcome, the
-    exception and how far into the test file it got, as JSON.
-
-Nothing here modifies the trees it is given except through the tests themselves (caches, ``__pycache__``).
-The pieces live next to this file: ``verify_trees.py`` (copy, checksum, test environment),
-``verify_deps.py`` (the ``deps`` step) and ``verify_recorder.py`` (the ``_pytest`` step); this file holds
-the hook table, the matrix and the command line.
+Exit status 1 on any FAIL-OURS or FAIL-BOTH, or if a hook's contract test is missing upstream. The internal
+``_pytest --results JSON -- PYTEST_ARGS`` step is one recorded pytest session in the current directory (a tree).
+Nothing here modifies the trees except through the tests themselves (caches, ``__pycache__``).
 """
 
 from __future__ import annotations
@@ -56,20 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
-    from .verify_deps import ensure_deps, has_module
-    from .verify_recorder import run_session
-    from .verify_trees import ENV_PREFIX, UPSTREAM_TESTS, copy_tree, say, tail, tree_digest, tree_env
+    from .trees import ENV_PREFIX, say, tail, tree_digest, tree_env
+    from .upstream_tests import UPSTREAM_TESTS, ensure_deps, has_module, run_session
 except ImportError:  # run as a script from this folder
-    from verify_deps import ensure_deps, has_module
-    from verify_recorder import run_session
-    from verify_trees import ENV_PREFIX, UPSTREAM_TESTS, copy_tree, say, tail, tree_digest, tree_env
+    from trees import ENV_PREFIX, say, tail, tree_digest, tree_env
+    from upstream_tests import UPSTREAM_TESTS, ensure_deps, has_module, run_session
 
 
-# ---------------------------------------------------------------------------------------------------------
-# What is run, and which hook each contract test exercises.
-# ---------------------------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------------------- which hook each contract test loads
 GENERATE = "tests/plugin_contracts/test_plugin_generate_contracts.py"
 PATH_LOADING = "tests/plugin_contracts/test_plugin_path_loading_contracts.py"
 RUNTIME_HOOK = "tests/plugin_contracts/test_plugin_runtime_hook_contracts.py"
@@ -141,11 +113,7 @@ OTHER_CONTRACT_KEYS = ("ROLLOUT_FUNCTION_PATH", "EVAL_FUNCTION_PATH", "DYNAMIC_S
                        "CUSTOM_CONVERT_SAMPLES_TO_TRAIN_DATA_PATH", "ROLLOUT_DATA_POSTPROCESS_PATH")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# matrix
-# ---------------------------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------------------- the matrix
 def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str], pytest_args: list[str],
                   timeout: int) -> dict:
     env = tree_env(tree, {ENV_PREFIX + k: v for k, v in env_vars.items()})
@@ -168,7 +136,7 @@ def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str]
         reason = data.get("fatal") or f"pytest driver ended with {rc}; see {log}"
         say(f"  ERROR running tests in {tree.name}/: {reason}")
         say(tail(log.read_text(errors="replace"), 25))
-        return {"fatal": reason, "tests": {}, "collect_errors": {}, "modules": {}}
+        return {"fatal": reason, "tests": {}, "collect_errors": {}}
     return json.loads(results.read_text())
 
 
@@ -324,12 +292,6 @@ def cmd_matrix(ns) -> int:
         elif v == "FAIL-OURS" and t["outcome"] not in ("passed", "skipped"):
             say("      ours stops at an earlier point of the test than upstream's own counterpart")
 
-    mods = theirs.get("modules") or {}
-    if mods:
-        say("")
-        say("third-party modules that upstream's code imported in these tests (pristine run): "
-            + ", ".join(f"{k} ({v})" for k, v in mods.items()))
-
     counts = {k: sum(1 for r in rows if r[4] == k) for k in ("PASS", "SKIP", "FAIL-SHARED", "FAIL-OURS", "FAIL-BOTH")}
     summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("PASS", "FAIL-SHARED", "FAIL-OURS"))
     for p in problems:
@@ -343,9 +305,7 @@ def cmd_matrix(ns) -> int:
     return 1 if failed else 0
 
 
-# ---------------------------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pytest_args: list[str] = []
@@ -354,11 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         argv, pytest_args = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="contracts.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("copy-tree", help="copy an upstream tree")
-    s.add_argument("src")
-    s.add_argument("dst")
-    s = sub.add_parser("digest", help="sha256 of a tree")
-    s.add_argument("dir")
     s = sub.add_parser("deps", help="make this Python able to run upstream's CPU tests")
     s.add_argument("--tree", required=True, help="a pristine upstream tree")
     s.add_argument("--no-install", action="store_true")
@@ -372,13 +327,6 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     if ns.cmd == "_pytest":
         return run_session(Path(ns.results), pytest_args)
-    if ns.cmd == "copy-tree":
-        src = Path(ns.src).resolve()
-        say(f"copied {copy_tree(src, Path(ns.dst))} entries of {src} to {ns.dst}")
-        return 0
-    if ns.cmd == "digest":
-        print(tree_digest(Path(ns.dir)))
-        return 0
     if ns.cmd == "deps":
         return ensure_deps(Path(ns.tree), ns.no_install or os.environ.get("VERIFY_NO_INSTALL") == "1")
     return cmd_matrix(ns)

@@ -3,33 +3,18 @@
     PYTHONPATH=TREE python tools/slime_pr/kl_bit_identity.py dump TREE OUT.pt
     python tools/slime_pr/kl_bit_identity.py compare A.pt B.pt
 
-``dump`` imports TREE's ``compute_advantages_and_returns`` (megatron's ``mpu`` stubbed: one rank, last pipeline
-stage) and runs it on fixed inputs for ppo, grpo, reinforce_plus_plus and reinforce_plus_plus_baseline, each
-with kl_coef 0 and 0.05 (and whitening for the reinforce++ pair, which requires it), called the way the actor
+``dump`` imports TREE's ``compute_advantages_and_returns`` (megatron stubbed, its ``mpu`` one rank: stubs.py) and
+runs it on fixed inputs for ppo, grpo, reinforce_plus_plus and reinforce_plus_plus_baseline, each with kl_coef 0
+and 0.05 (and whitening for the reinforce++ pair, which requires it), called the way the actor
 calls it without --kl-ctrl. ``compare`` requires every tensor to be equal bit for bit.
 """
 
 import sys
-import types
 from argparse import Namespace
 from pathlib import Path
 
+import stubs  # this folder is the script's: tools/slime_pr/stubs.py
 import torch
-
-
-def _stub_megatron():
-    mpu = types.SimpleNamespace(
-        get_context_parallel_world_size=lambda: 1,
-        get_context_parallel_rank=lambda: 0,
-        get_tensor_model_parallel_rank=lambda: 0,
-        is_pipeline_last_stage=lambda: True,
-        get_data_parallel_group=lambda **kw: None,
-    )
-    core = types.ModuleType("megatron.core")
-    core.mpu = mpu
-    megatron = types.ModuleType("megatron")
-    megatron.core = core
-    sys.modules.update({"megatron": megatron, "megatron.core": core, "megatron.core.mpu": mpu})
 
 
 def _rollout(seed):
@@ -47,7 +32,7 @@ def _rollout(seed):
 
 
 def dump(tree: Path, out: Path) -> None:
-    _stub_megatron()
+    stubs.install_one_rank_mpu()
     import torch.distributed as dist
 
     dist.all_reduce = lambda tensor, *a, **kw: None  # one rank: whitening's reduction is the identity

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
-    from .pr_test_entry import GPU_CONFIGS
+    from .manifest import GPU_CONFIGS, GPU_TEST_FILE
 except ImportError:  # imported as a top-level module, from this folder
-    from pr_test_entry import GPU_CONFIGS
+    from manifest import GPU_CONFIGS, GPU_TEST_FILE
 
 SCRIPT = "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"
-E2E_TEST = "tests/test_qwen3_0.6B_tcod.py"
+E2E_TEST = GPU_TEST_FILE
 SCRIPT_RUNS = [{"TCOD_MODE": m} for m in ("f2b", "b2f")]
 # The e2e test's configurations as the CI registers them (one entry each, with the GPUs it gets).
 TEST_GPUS = {(m, o): n for m, o, n in GPU_CONFIGS}

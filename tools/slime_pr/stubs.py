@@ -53,3 +53,22 @@ def install(packages) -> StubFinder:
     finder = StubFinder(packages)
     sys.meta_path.insert(0, finder)
     return finder
+
+
+# megatron.core.mpu as one process sees it alone: one data-, tensor- and context-parallel rank, the last (only)
+# pipeline stage, no process group.
+ONE_RANK = {"is_pipeline_last_stage": True, "get_context_parallel_world_size": 1, "get_context_parallel_rank": 0,
+            "get_tensor_model_parallel_rank": 0, "get_data_parallel_rank": 0, "get_data_parallel_world_size": 1,
+            "get_data_parallel_group": None}
+
+
+def install_one_rank_mpu() -> None:
+    """Stub megatron (if it is not already) and give it a ``megatron.core.mpu`` that answers ``ONE_RANK``."""
+    if not any(isinstance(f, StubFinder) and "megatron" in f.packages for f in sys.meta_path):
+        install(("megatron",))
+    import megatron.core
+
+    mpu = StubModule("megatron.core.mpu")
+    for name, value in ONE_RANK.items():
+        setattr(mpu, name, lambda *args, _value=value, **kwargs: _value)
+    sys.modules["megatron.core.mpu"] = megatron.core.mpu = mpu

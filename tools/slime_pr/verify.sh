@@ -1,33 +1,31 @@
 #!/usr/bin/env bash
-# Proof harness for the upstream contribution: port it onto a copy of an upstream slime tree and run
-# upstream's own CPU tests and plugin contracts against it.
+# Proof harness of this repository's pull requests for THUDM/slime: port one onto copies of an upstream tree and
+# check it as slime's CI and its reviewers would.
 #
-#   tools/slime_pr/verify.sh SLIME_DIR
+#   tools/slime_pr/verify.sh [--pr tcod|adaptive-kl] SLIME_DIR        (the TCOD PR by default)
 #
 # SLIME_DIR is an upstream THUDM/slime checkout (git repo or plain tree); it is only read. In a temp dir:
-#   1. pristine/ and ported/ copies of SLIME_DIR; port.py applied to ported/, then run again, which must
-#      change nothing (tree checksum before/after);
-#   2. PYTHON made able to import what upstream's CPU tests import (missing light packages pip-installed
-#      into PYTHON, said so; never ray/sglang/torch);
-#   3. upstream's tests/test_sample.py, tests/test_rollout_metrics.py, tests/test_megatron_argument_validation.py
-#      (slime_validate_args, which the PR edits) and tests/plugin_contracts/ run on
-#      ported/ with SLIME_CONTRACT_* pointed at this contribution's hooks, and on pristine/ with upstream's
-#      own counterpart hooks; each test classified PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the
-#      rules);
-#   3b. upstream's CPU CI jobs as GitHub runs them (cpu_ci.py): a Python 3.10 virtualenv per CPU job of
-#      pr-test.yml.j2 (cpu-unittest, agent-test) with exactly the job's pip lines, read from the template,
-#      built once and cached under ${XDG_CACHE_HOME:-~/.cache}/slime-tcod/cpu-ci (torch from PyPI when
-#      download.pytorch.org cannot be reached: the CUDA build, ~4.6 GB, runs on CPU); then, on copies of
-#      pristine/ and ported/, `pip install -e . --no-deps` and `python tests/FILE` from the tree's root for
-#      every file those jobs register: the ported tree must pass every file the pristine one passes, and
-#      the PR's CPU tests (registered in cpu-unittest by port.py) must end in `N passed`, nothing skipped;
-#   4. tools/slime_pr/smoke.py ported/, if that script exists;
-#   5. verify_pr.py: the caps (the example's Python <= 1,000 lines, <= 150 lines added under slime/, the
-#      whole PR <= 2,500 added lines), no PR line naming this repository's runtime (file:line per hit),
-#      upstream's linters, the PR's tests as CI registers them (NUM_GPUS, runner, no conftest.py), links; verify_objective.py (both teacher modes train pure
-#      OPD through upstream's reward post-processing and advantages, as this runtime does) and, with
-#      MEGATRON_LM_DIR set, check_launch_flags.py.
-# Exit status 0 only if every step passed (no FAIL-OURS, no other test failure, smoke ok).
+#   1. pristine/ and ported/ copies (trees.py); port.py --pr PR on ported/, then again, which must change nothing
+#      (tree checksum before and after); adaptive-kl: also on a copy that holds the TCOD PR first, where its
+#      loss.py and actor.py must come out the same;
+#   2. tcod: PYTHON made able to import what upstream's CPU tests import (missing light packages pip-installed
+#      into it, said so; never ray/sglang/torch), then upstream's tests/test_sample.py, test_rollout_metrics.py,
+#      test_megatron_argument_validation.py (slime_validate_args, which the PR edits) and tests/plugin_contracts/
+#      on ported/ with SLIME_CONTRACT_* pointed at the PR's hooks and on pristine/ with upstream's own
+#      counterparts, each test PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the rules);
+#   3. upstream's CPU CI jobs as GitHub runs them (cpu_ci.py): a Python 3.10 virtualenv per CPU job of
+#      pr-test.yml.j2 with exactly the job's pip lines, built once and cached (torch from PyPI when
+#      download.pytorch.org cannot be reached: the CUDA build, ~4.6 GB, runs on CPU); then `python tests/FILE`
+#      from each tree's root for every file those jobs register: ported/ must pass every file pristine/ passes,
+#      and the PR's CPU tests (registered by port.py) must end in `N passed`, nothing skipped;
+#   4. tcod: smoke.py ported/ (F2B and B2F through upstream's rollout flow, tiny models on CPU);
+#   5. verify_pr.py: the PR's caps (its manifest's CAPS), no PR line naming this repository's runtime,
+#      upstream's pinned linters, its tests as CI registers them (NUM_GPUS, runner, no conftest.py), its links;
+#   6. tcod: verify_objective.py (both teacher modes train pure OPD through upstream's reward post-processing
+#      and advantages, as this runtime does) and, with MEGATRON_LM_DIR set, check_launch_flags.py;
+#   7. adaptive-kl: with nothing new asked, ppo / grpo / reinforce_plus_plus(_baseline) advantages, returns and
+#      KL bit-identical between pristine/ and ported/ (kl_bit_identity.py, in the CPU-CI venv).
+# Exit status 0 only if every step passed; the last line sums them up.
 #
 # Environment:
 #   PYTHON               interpreter (default: this repo's .venv/bin/python, else python3)
@@ -45,15 +43,6 @@
 #   SGLANG_SERVER_ARGS   an sglang wheel (or its server_args.py) for the --sglang-* flags of that check
 set -euo pipefail
 
-# --pr adaptive-kl: the adaptive-KL PR has its own harness; --pr tcod (or no --pr): this one.
-if [[ "${1:-}" == "--pr" ]]; then
-    case "${2:-}" in
-    adaptive-kl) exec bash "$(dirname "${BASH_SOURCE[0]}")/verify_adaptive_kl.sh" "${@:3}" ;;
-    tcod) shift 2 ;;
-    *) printf 'verify.sh: --pr takes tcod or adaptive-kl\n' >&2; exit 2 ;;
-    esac
-fi
-
 VERIFIED_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -65,41 +54,50 @@ die() { printf 'verify.sh: ERROR: %s\n' "$*" >&2; exit 2; }
 
 usage() {
     cat >&2 <<EOF
-usage: $REL_HERE/verify.sh SLIME_DIR
+usage: $REL_HERE/verify.sh [--pr tcod|adaptive-kl] SLIME_DIR
 
-Ports this contribution onto a copy of the upstream slime tree SLIME_DIR (never modified) and runs
-upstream's own CPU tests and plugin contracts against it. Verified against upstream commit
-$VERIFIED_COMMIT. See the header of this script for environment variables.
+Ports one of this repository's pull requests (default: tcod) onto a copy of the upstream slime tree SLIME_DIR
+(never modified) and checks it as upstream's CI and reviewers would. Verified against upstream commit
+$VERIFIED_COMMIT. See the header of this script for the steps and environment variables.
 EOF
     exit "${1:-2}"
 }
 
-if [[ $# -eq 1 && ( "$1" == "-h" || "$1" == "--help" ) ]]; then usage 0; fi
-[[ $# -eq 1 ]] || usage
+PR=tcod
+if [[ "${1:-}" == "--pr" ]]; then
+    case "${2:-}" in
+    tcod | adaptive-kl) PR="$2" && shift 2 ;;
+    *) die "--pr takes tcod or adaptive-kl" ;;
+    esac
+fi
+case "$PR" in # a tree that holds these is ported already
+tcod) PORTED_MARKERS=(slime/rollout/tcod.py examples/multi_turn_tcod) ;;
+adaptive-kl) PORTED_MARKERS=(slime/utils/kl_controller.py) ;;
+esac
+if [[ $# -eq 1 && ("$1" == "-h" || "$1" == "--help") ]]; then usage 0; fi
+[[ $# -eq 1 && -n "$1" ]] || usage
 
-# ---- SLIME_DIR -----------------------------------------------------------------------------------------
-[[ -n "$1" ]] || usage
+# ---- SLIME_DIR and PYTHON ------------------------------------------------------------------------------
 [[ -e "$1" ]] || die "SLIME_DIR '$1' does not exist"
 [[ -d "$1" ]] || die "SLIME_DIR '$1' is not a directory"
 SLIME_DIR="$(cd "$1" && pwd -P)"
-[[ "$SLIME_DIR" != "$(cd "$REPO" && pwd -P)" ]] ||
-    die "SLIME_DIR is this project ($REPO), not an upstream slime tree"
+[[ "$SLIME_DIR" != "$(cd "$REPO" && pwd -P)" ]] || die "SLIME_DIR is this project ($REPO), not an upstream slime tree"
 for f in slime/__init__.py slime/utils/arguments.py slime/utils/types.py slime/rollout/sglang_rollout.py \
     tests/test_sample.py tests/test_rollout_metrics.py tests/plugin_contracts/_shared.py; do
-    [[ -f "$SLIME_DIR/$f" ]] ||
-        die "SLIME_DIR '$SLIME_DIR' is not an upstream slime tree (no $f); pass a THUDM/slime checkout"
+    [[ -f "$SLIME_DIR/$f" ]] || die "SLIME_DIR '$SLIME_DIR' is not an upstream slime tree (no $f); pass a THUDM/slime checkout"
 done
-for f in slime/rollout/tcod.py examples/multi_turn_tcod; do
-    [[ ! -e "$SLIME_DIR/$f" ]] ||
-        die "SLIME_DIR already has $f: it looks ported already; pass an unmodified upstream tree"
+for f in "${PORTED_MARKERS[@]}"; do
+    [[ ! -e "$SLIME_DIR/$f" ]] || die "SLIME_DIR already has $f: it looks ported already; pass an unmodified upstream tree"
 done
-
 PYTHON="${PYTHON:-}"
 if [[ -z "$PYTHON" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON="python3"; fi
 fi
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON '$PYTHON' not found"
 PY_VERSION="$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')" || die "PYTHON '$PYTHON' does not run"
+PORT_PY="${PORT_PY:-$HERE/port.py}"
+[[ -f "$PORT_PY" ]] || die "port script not found: $PORT_PY"
+TREES=("$PYTHON" "$HERE/trees.py")
 
 step "upstream tree"
 say "SLIME_DIR: $SLIME_DIR"
@@ -108,55 +106,31 @@ if git -C "$SLIME_DIR" rev-parse --show-toplevel >/dev/null 2>&1 &&
     [[ "$(cd "$(git -C "$SLIME_DIR" rev-parse --show-toplevel)" && pwd -P)" == "$SLIME_DIR" ]]; then
     UPSTREAM_COMMIT="$(git -C "$SLIME_DIR" rev-parse HEAD)"
     say "upstream commit: $UPSTREAM_COMMIT"
-    if [[ "$UPSTREAM_COMMIT" != "$VERIFIED_COMMIT" ]]; then
+    [[ "$UPSTREAM_COMMIT" == "$VERIFIED_COMMIT" ]] ||
         say "WARNING: this contribution was verified against $VERIFIED_COMMIT; SLIME_DIR is at another commit"
-    fi
-    if [[ -n "$(git -C "$SLIME_DIR" status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    [[ -z "$(git -C "$SLIME_DIR" status --porcelain --untracked-files=no 2>/dev/null)" ]] ||
         say "WARNING: SLIME_DIR has uncommitted changes; verifying its working tree as it is"
-    fi
 else
     say "upstream commit: unknown (not a git checkout); this contribution was verified against $VERIFIED_COMMIT"
 fi
-say "PYTHON: $PYTHON (Python $PY_VERSION)"
+say "PYTHON: $PYTHON (Python $PY_VERSION); PR: $PR"
 
-PORT_PY="${PORT_PY:-$HERE/port.py}"
-[[ -f "$PORT_PY" ]] || die "port script not found: $PORT_PY"
-DRIVER="$HERE/contracts.py"
-[[ -f "$DRIVER" ]] || die "driver not found: $DRIVER"
-
-# ---- temp dir (outside the repo) -----------------------------------------------------------------------
+# ---- temp dir (outside the repo) and the summary -------------------------------------------------------
 TMP_BASE="${TMPDIR:-/tmp}"
-case "$(cd "$TMP_BASE" && pwd -P)/" in
-"$(cd "$REPO" && pwd -P)"/*) TMP_BASE=/tmp ;;
-esac
-TMP="$(mktemp -d "$TMP_BASE/slime-tcod-verify.XXXXXX")"
-cleanup() {
-    if [[ "${KEEP_TMP:-0}" == "1" ]]; then
-        say "kept temp dir (KEEP_TMP=1): $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-}
+case "$(cd "$TMP_BASE" && pwd -P)/" in "$(cd "$REPO" && pwd -P)"/*) TMP_BASE=/tmp ;; esac
+TMP="$(mktemp -d "$TMP_BASE/slime-pr-verify.XXXXXX")"
+cleanup() { if [[ "${KEEP_TMP:-0}" == "1" ]]; then say "kept temp dir (KEEP_TMP=1): $TMP"; else rm -rf "$TMP"; fi; }
 trap cleanup EXIT
 say "temp dir: $TMP"
-
-SLIME_DIR_DIGEST="$("$PYTHON" "$DRIVER" digest "$SLIME_DIR")"
+SLIME_DIR_DIGEST="$("${TREES[@]}" digest "$SLIME_DIR")"
 
 COMMIT_SHORT="${UPSTREAM_COMMIT:0:12}"
-COMMIT_SHORT="${COMMIT_SHORT:-unknown}"
-PORT="not run"
-IDEMPOTENT="not checked"
-DEPS_OK="not checked"
-CONTRACTS_SUMMARY="not run"
-CPU_CI="not run"
-SMOKE="not run"
-PR_CHECKS="not run"
-OBJECTIVE="not run"
-LAUNCH="not run"
+PARTS=("upstream ${COMMIT_SHORT:-unknown}") # "what: result" of every step run, in order
+ALL_OK=1
+part() { PARTS+=("$1"); } # a step's result
+bad() { ALL_OK=0; }       # a step failed
 summary() { # the last line of every run that got this far
-    say "verify.sh SUMMARY: upstream $COMMIT_SHORT | port $PORT, idempotent $IDEMPOTENT | deps $DEPS_OK |" \
-        "upstream tests: $CONTRACTS_SUMMARY | CPU CI: $CPU_CI | smoke: $SMOKE | PR checks: $PR_CHECKS | objective: $OBJECTIVE |" \
-        "launch flags: $LAUNCH | RESULT: $1"
+    say "verify.sh --pr $PR SUMMARY:$(printf ' %s |' "${PARTS[@]}") RESULT: $1"
 }
 fail() { # an error after which nothing else can be checked
     printf 'verify.sh: ERROR: %s\n' "$*" >&2
@@ -166,117 +140,134 @@ fail() { # an error after which nothing else can be checked
 }
 
 # ---- 1. copies and port --------------------------------------------------------------------------------
-step "copies and port.py"
-for copy in pristine ported; do
-    "$PYTHON" "$DRIVER" copy-tree "$SLIME_DIR" "$TMP/$copy" >/dev/null || fail "could not copy SLIME_DIR to $copy/"
+step "copies and port.py --pr $PR"
+COPIES=(pristine ported)
+[[ $PR != adaptive-kl ]] || COPIES+=(tcod)
+for copy in "${COPIES[@]}"; do
+    "${TREES[@]}" copy "$SLIME_DIR" "$TMP/$copy" >/dev/null || fail "could not copy SLIME_DIR to $copy/"
 done
-say "pristine/ and ported/ copied"
-PRISTINE_DIGEST="$("$PYTHON" "$DRIVER" digest "$TMP/pristine")"
-
+say "${COPIES[*]} copied"
+PRISTINE_DIGEST="$("${TREES[@]}" digest "$TMP/pristine")"
 cd "$REPO"
-say "\$ $PYTHON ${PORT_PY#"$REPO"/} $TMP/ported"
-if ! "$PYTHON" "$PORT_PY" "$TMP/ported" 2>&1 | sed 's/^/  | /'; then
-    PORT=FAILED
+PORT=("$PYTHON" "$PORT_PY" --pr "$PR")
+say "\$ $PYTHON ${PORT_PY#"$REPO"/} --pr $PR $TMP/ported"
+if ! "${PORT[@]}" "$TMP/ported" 2>&1 | sed 's/^/  | /'; then
+    part "port FAILED"
     fail "port.py failed on a fresh copy of SLIME_DIR (output above)"
 fi
-PORT=ok
-PORTED_DIGEST="$("$PYTHON" "$DRIVER" digest "$TMP/ported")"
-if [[ "$PORTED_DIGEST" == "$PRISTINE_DIGEST" ]]; then
-    PORT="changed nothing"
-    fail "port.py changed nothing in ported/"
-fi
+PORTED_DIGEST="$("${TREES[@]}" digest "$TMP/ported")"
+[[ "$PORTED_DIGEST" != "$PRISTINE_DIGEST" ]] || { part "port changed nothing" && fail "port.py changed nothing in ported/"; }
 cp -a "$TMP/ported" "$TMP/ported.first-run"
-
-say "\$ $PYTHON ${PORT_PY#"$REPO"/} $TMP/ported   # again: must change nothing"
-if ! "$PYTHON" "$PORT_PY" "$TMP/ported" 2>&1 | sed 's/^/  | /'; then
-    IDEMPOTENT="no (second run failed)"
+say "\$ $PYTHON ${PORT_PY#"$REPO"/} --pr $PR $TMP/ported   # again: must change nothing"
+if ! "${PORT[@]}" "$TMP/ported" 2>&1 | sed 's/^/  | /'; then
+    part "port ok, idempotent no (second run failed)"
     fail "port.py failed when run a second time on the ported tree (it must be idempotent)"
 fi
-SECOND_DIGEST="$("$PYTHON" "$DRIVER" digest "$TMP/ported")"
-if [[ "$SECOND_DIGEST" == "$PORTED_DIGEST" ]]; then
-    IDEMPOTENT=yes
+if [[ "$("${TREES[@]}" digest "$TMP/ported")" == "$PORTED_DIGEST" ]]; then
+    PORT_RESULT="port ok, idempotent yes"
     say "idempotent: yes (tree checksum ${PORTED_DIGEST:0:16} before and after the second run)"
 else
-    IDEMPOTENT=no
-    say "idempotent: NO (tree checksum ${PORTED_DIGEST:0:16} -> ${SECOND_DIGEST:0:16})"
-    say "changed by the second run:"
+    PORT_RESULT="port ok, idempotent no" && bad
+    say "idempotent: NO; changed by the second run:"
     (diff -rq -x __pycache__ "$TMP/ported.first-run" "$TMP/ported" || true) | sed 's/^/  /' | head -40
 fi
 
-# ---- 2. dependencies -----------------------------------------------------------------------------------
-step "python dependencies of upstream's CPU tests"
-DEPS_OK=yes
-"$PYTHON" "$DRIVER" deps --tree "$TMP/pristine" || DEPS_OK=no
+if [[ $PR == adaptive-kl ]]; then
+    step "after the TCOD PR: port.py --pr tcod, then port.py --pr adaptive-kl"
+    if ! "$PYTHON" "$PORT_PY" --pr tcod "$TMP/tcod" >"$TMP/tcod-port.log" 2>&1; then
+        AFTER_TCOD="not checked (the TCOD port failed: $(tail -1 "$TMP/tcod-port.log"))"
+    elif "${PORT[@]}" "$TMP/tcod" | sed 's/^/  | /'; then
+        AFTER_TCOD=ok
+        for rel in slime/backends/megatron_utils/loss.py slime/backends/megatron_utils/actor.py; do
+            cmp -s "$TMP/ported/$rel" "$TMP/tcod/$rel" || { AFTER_TCOD="FAILED ($rel differs)" && bad; }
+        done
+    else
+        AFTER_TCOD=FAILED && bad
+    fi
+    say "after TCOD: $AFTER_TCOD"
+    PORT_RESULT="$PORT_RESULT, after TCOD $AFTER_TCOD"
+fi
+part "$PORT_RESULT"
 
-# ---- 3. upstream tests and contracts -------------------------------------------------------------------
-step "upstream's CPU tests and plugin contracts"
-CONTRACTS_RC=0
-"$PYTHON" "$DRIVER" matrix --pristine "$TMP/pristine" --ported "$TMP/ported" --work "$TMP/work" \
-    --summary "$TMP/contracts-summary" || CONTRACTS_RC=$?
-CONTRACTS_SUMMARY="$(cat "$TMP/contracts-summary" 2>/dev/null || echo "did not complete")"
-
-# ---- 3b. upstream's CPU CI jobs, in their own Python 3.10 environment ----------------------------------
-step "upstream's CPU CI jobs as GitHub runs them (Python 3.10, each job's pip list, python tests/FILE)"
-CPU_CI_RC=0
-CPU_CI_START=$SECONDS
-"$PYTHON" "$HERE/cpu_ci.py" run --pristine "$TMP/pristine" --ported "$TMP/ported" --work "$TMP/cpu-ci" \
-    --summary "$TMP/cpu-ci-summary" || CPU_CI_RC=$?
-CPU_CI="$(cat "$TMP/cpu-ci-summary" 2>/dev/null || echo "did not complete")"
-CPU_CI="$CPU_CI ($((SECONDS - CPU_CI_START))s)"
-[[ $CPU_CI_RC -eq 0 ]] || CPU_CI="FAILED: $CPU_CI"
-
-# ---- 4. smoke ------------------------------------------------------------------------------------------
-step "smoke"
-SMOKE="not run (no $REL_HERE/smoke.py)"
-SMOKE_RC=0
-if [[ -f "$HERE/smoke.py" ]]; then
-    say "\$ $PYTHON $REL_HERE/smoke.py $TMP/ported"
-    set +e
-    mkdir -p "$TMP/smoke-tmp" # smoke.py's own temp folders land here and go with ours
-    TMPDIR="$TMP/smoke-tmp" timeout --kill-after=30 "${SMOKE_TIMEOUT:-900}" \
-        "$PYTHON" "$REL_HERE/smoke.py" "$TMP/ported"
-    SMOKE_RC=$?
-    set -e
-    if [[ $SMOKE_RC -eq 124 ]]; then SMOKE="TIMED OUT after ${SMOKE_TIMEOUT:-900}s"; else SMOKE="exit $SMOKE_RC"; fi
-    say "smoke.py: $SMOKE"
-else
-    say "$SMOKE"
+# ---- 2. upstream's CPU tests and plugin contracts (tcod) -----------------------------------------------
+if [[ $PR == tcod ]]; then
+    step "python dependencies of upstream's CPU tests"
+    DEPS=yes
+    "$PYTHON" "$HERE/contracts.py" deps --tree "$TMP/pristine" || { DEPS=no && bad; }
+    part "deps $DEPS"
+    step "upstream's CPU tests and plugin contracts"
+    "$PYTHON" "$HERE/contracts.py" matrix --pristine "$TMP/pristine" --ported "$TMP/ported" --work "$TMP/work" \
+        --summary "$TMP/contracts-summary" || bad
+    part "upstream tests: $(cat "$TMP/contracts-summary" 2>/dev/null || echo "did not complete")"
 fi
 
-# ---- 5. the PR as a maintainer reads it, and the objective it trains ----------------------------------
-step "the PR: size, upstream's linters, its CPU tests, its links"
+# ---- 3. upstream's CPU CI jobs, in their own Python 3.10 environment ----------------------------------
+step "upstream's CPU CI jobs as GitHub runs them (Python 3.10, each job's pip list, python tests/FILE)"
+CPU_CI_START=$SECONDS
+CPU_CI_RC=0
+"$PYTHON" "$HERE/cpu_ci.py" --pr "$PR" --pristine "$TMP/pristine" --ported "$TMP/ported" --work "$TMP/cpu-ci" \
+    --summary "$TMP/cpu-ci-summary" || { CPU_CI_RC=1 && bad; }
+CPU_CI="$(cat "$TMP/cpu-ci-summary" 2>/dev/null || echo "did not complete") ($((SECONDS - CPU_CI_START))s)"
+part "CPU CI: $([[ $CPU_CI_RC -eq 0 ]] || echo "FAILED: ")$CPU_CI"
+
+# ---- 4. smoke (tcod) -----------------------------------------------------------------------------------
+if [[ $PR == tcod ]]; then
+    step "smoke"
+    say "\$ $PYTHON $REL_HERE/smoke.py $TMP/ported"
+    mkdir -p "$TMP/smoke-tmp" # smoke.py's own temp folders land here and go with ours
+    SMOKE_RC=0
+    TMPDIR="$TMP/smoke-tmp" timeout --kill-after=30 "${SMOKE_TIMEOUT:-900}" \
+        "$PYTHON" "$REL_HERE/smoke.py" "$TMP/ported" || SMOKE_RC=$?
+    if [[ $SMOKE_RC -eq 124 ]]; then SMOKE="TIMED OUT after ${SMOKE_TIMEOUT:-900}s"; else SMOKE="exit $SMOKE_RC"; fi
+    [[ $SMOKE_RC -eq 0 ]] || bad
+    say "smoke.py: $SMOKE"
+    part "smoke: $SMOKE"
+fi
+
+# ---- 5. the PR as a maintainer reads it ----------------------------------------------------------------
+step "the PR: size, wording, upstream's linters, its tests' registration, its links"
 PR_RC=0
-"$PYTHON" "$HERE/verify_pr.py" "$TMP/pristine" "$TMP/ported" | tee "$TMP/verify_pr.log" || PR_RC=${PIPESTATUS[0]}
-PR_CHECKS="$([[ $PR_RC -eq 0 ]] && echo ok || echo FAILED)"
-# The caps' counts go into the summary line (verify_pr.py prints them last but one).
-COUNTS="$(sed -n 's/^verify_pr.py counts: //p' "$TMP/verify_pr.log")"
-[[ -z "$COUNTS" ]] || PR_CHECKS="$PR_CHECKS ($COUNTS)"
+"$PYTHON" "$HERE/verify_pr.py" --pr "$PR" "$TMP/pristine" "$TMP/ported" | tee "$TMP/verify_pr.log" ||
+    PR_RC=${PIPESTATUS[0]}
+COUNTS="$(sed -n 's/^verify_pr.py counts: //p' "$TMP/verify_pr.log")" # the caps' counts, printed last but one
+[[ $PR_RC -eq 0 ]] || bad
+part "PR checks: $([[ $PR_RC -eq 0 ]] && echo ok || echo FAILED)${COUNTS:+ ($COUNTS)}"
 
-step "same objective: both teacher modes train pure OPD, upstream and here"
-OBJECTIVE_RC=0
-"$PYTHON" "$HERE/verify_objective.py" "$TMP/ported" || OBJECTIVE_RC=$?
-OBJECTIVE="$([[ $OBJECTIVE_RC -eq 0 ]] && echo ok || echo FAILED)"
+# ---- 6. the objective it trains and its launch flags (tcod) --------------------------------------------
+if [[ $PR == tcod ]]; then
+    step "same objective: both teacher modes train pure OPD, upstream and here"
+    OBJECTIVE=ok
+    "$PYTHON" "$HERE/verify_objective.py" "$TMP/ported" || { OBJECTIVE=FAILED && bad; }
+    part "objective: $OBJECTIVE"
+    LAUNCH="not run (set MEGATRON_LM_DIR to a Megatron-LM tree at upstream's pinned commit)"
+    if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
+        step "the launch script's and the GPU test's flags against upstream's parsers"
+        SGLANG_OPT=()
+        [[ -z "${SGLANG_SERVER_ARGS:-}" ]] || SGLANG_OPT=(--sglang-server-args "$SGLANG_SERVER_ARGS")
+        LAUNCH=ok
+        "$PYTHON" "$HERE/check_launch_flags.py" "$TMP/ported" --megatron-dir "$MEGATRON_LM_DIR" "${SGLANG_OPT[@]}" ||
+            { LAUNCH=FAILED && bad; }
+    fi
+    part "launch flags: $LAUNCH"
+fi
 
-LAUNCH="not run (set MEGATRON_LM_DIR to a Megatron-LM tree at upstream's pinned commit)"
-LAUNCH_RC=0
-if [[ -n "${MEGATRON_LM_DIR:-}" && -f "$HERE/check_launch_flags.py" ]]; then
-    step "the launch script's and the GPU test's flags against upstream's parsers"
-    SGLANG_OPT=()
-    [[ -n "${SGLANG_SERVER_ARGS:-}" ]] && SGLANG_OPT=(--sglang-server-args "$SGLANG_SERVER_ARGS")
-    "$PYTHON" "$HERE/check_launch_flags.py" "$TMP/ported" --megatron-dir "$MEGATRON_LM_DIR" "${SGLANG_OPT[@]}" ||
-        LAUNCH_RC=$?
-    LAUNCH="$([[ $LAUNCH_RC -eq 0 ]] && echo ok || echo FAILED)"
+# ---- 7. bit-identical defaults (adaptive-kl) -----------------------------------------------------------
+if [[ $PR == adaptive-kl ]]; then
+    step "defaults bit-identical: advantages, returns and KL of pristine/ and ported/"
+    VENV_PY="$TMP/cpu-ci/venv-cpu-unittest-ported/bin/python" # the CPU-CI venv: upstream's torch
+    [[ -x "$VENV_PY" ]] || VENV_PY="$PYTHON"
+    for t in pristine ported; do
+        PYTHONPATH="$TMP/$t" "$VENV_PY" "$HERE/kl_bit_identity.py" dump "$TMP/$t" "$TMP/identity-$t.pt" || true
+    done
+    IDENTICAL=yes
+    "$VENV_PY" "$HERE/kl_bit_identity.py" compare "$TMP/identity-pristine.pt" "$TMP/identity-ported.pt" ||
+        { IDENTICAL=NO && bad; }
+    part "defaults bit-identical: $IDENTICAL"
 fi
 
 # ---- summary -------------------------------------------------------------------------------------------
 step "summary"
-SLIME_DIR_UNCHANGED=yes
-[[ "$("$PYTHON" "$DRIVER" digest "$SLIME_DIR")" == "$SLIME_DIR_DIGEST" ]] || SLIME_DIR_UNCHANGED=no
-[[ $SLIME_DIR_UNCHANGED == yes ]] || say "WARNING: SLIME_DIR changed while this ran (not by this harness's copies)"
-
-RESULT=OK
-[[ $IDEMPOTENT == yes && $DEPS_OK == yes && $CONTRACTS_RC -eq 0 && $CPU_CI_RC -eq 0 && $SMOKE_RC -eq 0 &&
-    $PR_RC -eq 0 &&
-    $OBJECTIVE_RC -eq 0 && $LAUNCH_RC -eq 0 ]] || RESULT=FAILED
-summary "$RESULT"
-[[ $RESULT == OK ]]
+[[ "$("${TREES[@]}" digest "$SLIME_DIR")" == "$SLIME_DIR_DIGEST" ]] ||
+    say "WARNING: SLIME_DIR changed while this ran (not by this harness's copies)"
+if [[ $ALL_OK -eq 1 ]]; then summary OK; else summary FAILED; fi
+[[ $ALL_OK -eq 1 ]]

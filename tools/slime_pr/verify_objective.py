@@ -46,18 +46,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # for tools.slime_pr.stubs; the upstream side takes it out again
 from tools.slime_pr import stubs  # noqa: E402
+from tools.slime_pr.objective_cases import Report, TeacherServer, build_spec, compare  # noqa: E402
+from tools.slime_pr.objective_cases import teacher_response_log_probs  # noqa: E402
 
 # Packages upstream imports that this CPU process cannot (or need not) load: stubbed for imports only.
-STUBBED_PACKAGES = (
-    "ray",
-    "sglang",
-    "sglang_router",
-    "megatron",
-    "wandb",
-    "psutil",
-    "torch_memory_saver",
-    "pylatexenc",
-)
+STUBBED_PACKAGES = ("ray", "sglang", "sglang_router", "megatron", "wandb", "psutil", "torch_memory_saver", "pylatexenc")
 OPD_HOOKS = "slime.rollout.on_policy_distillation"
 # The negative control's hook: the teacher log-probs as upstream's hook stores them, the environment's
 # return as the reward (the old port's behaviour).
@@ -66,21 +59,6 @@ TASK_REWARD_HOOK = "_verify_objective_hooks.post_process_task_reward"
 # --opd-type megatron runs only parsed here: the teacher checkpoint is never validated nor loaded.
 MEGATRON_TEACHER = "/nonexistent/teacher_torch_dist"
 
-from tools.slime_pr.verify_objective_compare import (  # noqa: E402, F401 - the tests use them through here
-    TOL,
-    Report,
-    closed_form_advantages,
-    compare,
-    compare_megatron,
-    max_abs_diff,
-)
-from tools.slime_pr.objective_cases import (  # noqa: E402, F401
-    CASES,
-    TeacherServer,
-    build_spec,
-    teacher_log_prob,
-    teacher_response_log_probs,
-)
 
 
 def common_flags(case: dict, teacher_url: str, hook: str | None, opd_type: str = "sglang") -> list[str]:
@@ -91,20 +69,9 @@ def common_flags(case: dict, teacher_url: str, hook: str | None, opd_type: str =
         teacher += ["--custom-reward-post-process-path", hook]
     else:
         teacher = ["--opd-teacher-load", MEGATRON_TEACHER]
-    flags = [
-        "--use-opd",
-        "--opd-type",
-        opd_type,
-        "--opd-kl-coef",
-        str(case["opd_kl_coef"]),
-        *teacher,
-        "--advantage-estimator",
-        "grpo",
-        "--n-samples-per-prompt",
-        str(case["n_samples_per_prompt"]),
-        "--rollout-batch-size",
-        str(case["rollout_batch_size"]),
-    ]
+    flags = ["--use-opd", "--opd-type", opd_type, "--opd-kl-coef", str(case["opd_kl_coef"]), *teacher,
+             "--advantage-estimator", "grpo", "--n-samples-per-prompt", str(case["n_samples_per_prompt"]),
+             "--rollout-batch-size", str(case["rollout_batch_size"])]
     return flags + (["--use-rollout-logprobs"] if case["use_rollout_logprobs"] else [])
 
 
@@ -128,17 +95,10 @@ def _samples(case: dict, sample_cls, reward: str | None = None) -> list:
     rewards = {None: lambda s: None, "zero": lambda s: 0.0, "task": lambda s: float(s["task_reward"])}[reward]
     return [
         sample_cls(
-            index=s["index"],
-            group_index=s["group_index"],
-            prompt=s["prompt"],
-            response=s["response"],
-            tokens=list(s["tokens"]),
-            response_length=s["response_length"],
-            loss_mask=list(s["loss_mask"]),
-            rollout_log_probs=list(s["rollout_log_probs"]),
-            status=sample_cls.Status.TRUNCATED if s["truncated"] else sample_cls.Status.COMPLETED,
-            metadata={"task_reward": s["task_reward"]},
-            reward=rewards(s),
+            index=s["index"], group_index=s["group_index"], prompt=s["prompt"], response=s["response"],
+            tokens=list(s["tokens"]), response_length=s["response_length"], loss_mask=list(s["loss_mask"]),
+            rollout_log_probs=list(s["rollout_log_probs"]), metadata={"task_reward": s["task_reward"]},
+            status=sample_cls.Status.TRUNCATED if s["truncated"] else sample_cls.Status.COMPLETED, reward=rewards(s),
         )
         for s in case["samples"]
     ]
@@ -151,7 +111,7 @@ def _by_index(samples, values) -> dict[str, list[float]]:
 # ---------------------------------------------------------------------------- upstream side
 def _install_upstream_stubs() -> None:
     stubs.install(STUBBED_PACKAGES)
-    import megatron.core
+    stubs.install_one_rank_mpu()
     import ray
 
     def remote(*args, **kwargs):
@@ -159,18 +119,6 @@ def _install_upstream_stubs() -> None:
 
     ray.remote, ray.get, ray.put = remote, (lambda ref: ref), (lambda value, **kwargs: value)
     ray._private = types.SimpleNamespace(services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
-    # One data-parallel rank, one context-parallel rank, the last (only) pipeline stage.
-    mpu = stubs.StubModule("megatron.core.mpu")
-    for name, value in {
-        "is_pipeline_last_stage": True,
-        "get_context_parallel_world_size": 1,
-        "get_context_parallel_rank": 0,
-        "get_data_parallel_rank": 0,
-        "get_data_parallel_world_size": 1,
-        "get_data_parallel_group": None,
-    }.items():
-        setattr(mpu, name, lambda *args, _value=value, **kwargs: _value)
-    sys.modules["megatron.core.mpu"] = megatron.core.mpu = mpu
 
 
 def _upstream_args(case: dict, teacher_url: str, hook: str | None, normalize: bool, opd_type: str):

@@ -1,16 +1,18 @@
-"""The PR read as a maintainer would: its size, its wording, upstream's linters, its own tests and links.
+"""A PR read as a maintainer would: its size, its wording, upstream's linters, its own tests and links.
 
-    python tools/slime_pr/verify_pr.py PRISTINE PORTED
+    python tools/slime_pr/verify_pr.py [--pr tcod|adaptive-kl] PRISTINE PORTED
+    python tools/slime_pr/verify_pr.py --lint [--pr tcod|adaptive-kl] [--fix] [FILE ...]
 
-* caps (issue 30): the example's Python (``examples/multi_turn_tcod/**/*.py``) at most 1,000 lines, at most
-  150 lines added under ``slime/``, at most 2,500 added in all; no upstream file replaced or losing lines;
+* caps (the manifest's ``CAPS``): lines added under ``slime/`` and in all (``UNCOUNTED`` files apart), the
+  example's Python; no upstream file replaced or (with ``CAPS["removed"]``) losing more lines than that;
 * no line the PR adds names this repository's runtime (``RUNTIME_NAMES``), each hit reported as file:line;
-* upstream's pinned linters (``lint.py``, upstream's settings) on every Python file the PR adds or edits;
+* upstream's pre-commit linters at their pinned versions (``PINNED``) and upstream's settings
+  (``UPSTREAM_SETTINGS``) on every Python file the PR adds or edits; ``--lint`` runs them on this repository's
+  copies of the PR's files (or on FILE ...), ``--fix`` rewrites them as upstream's hooks would;
 * the PR's tests as upstream's CI finds them (``registration_problems``): each CPU test declares
   ``NUM_GPUS = 0``, ends in upstream's ``__main__`` runner and is registered in a CPU job of the ported
   ``pr-test.yml.j2``; the GPU test is registered once per configuration with the GPUs it uses; the PR adds
-  no ``conftest.py``. The CPU tests *run* in ``cpu_ci.py`` (verify.sh's CPU-CI step), in upstream's CPU-CI
-  environment, with nothing stubbed by this harness: what a test needs stubbed, it stubs itself;
+  no ``conftest.py``. The CPU tests *run* in ``cpu_ci.py``, in upstream's CPU-CI environment;
 * every relative link of the PR's Markdown files resolves inside the ported tree.
 
 One line per check, then the counts; exit 1 if any check failed.
@@ -18,18 +20,18 @@ One line per check, then the counts; exit 1 if any check failed.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.slime_pr import cpu_ci, lint, manifest, pr_test_entry  # noqa: E402
+from tools.slime_pr import cpu_ci, port  # noqa: E402
 
-MAX_ADDED, MAX_CORE, MAX_EXAMPLE_PY, MAX_REMOVED = 2500, 150, 1000, 5
-EXAMPLE_DIR = "examples/multi_turn_tcod/"
-GPU_TEST = manifest.GPU_TEST_FILE
 MAIN_RUNNER = 'if __name__ == "__main__":\n    raise SystemExit(pytest.main([__file__]))\n'
 NUM_GPUS_LINE = re.compile(r"^NUM_GPUS\s*=\s*(\d+)", re.M)  # what upstream's changed-tests job greps
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
@@ -37,26 +39,37 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # its environments that do not ship with the example, attributes that only its own flags set (upstream
 # would raise AttributeError), its environment package and its second environment contract (make_env).
 # Matched case-insensitively as whole words, in the lines the PR adds.
-RUNTIME_NAMES = (
-    "slime-tcod",
-    "hanoi",
-    "ScienceWorld",
-    "TextWorld",
-    "ALFWorld",
-    "WebShop",
-    "the demo",
-    "engine_limits",
-    "rollout_engine_urls",
-    "tcod_prefix_source",
-    "tcod_prefix_replay_path",
-    "examples.agent_envs",
-    "make_env",
-)
+RUNTIME_NAMES = ("slime-tcod", "hanoi", "ScienceWorld", "TextWorld", "ALFWorld", "WebShop", "the demo", "engine_limits",
+                 "rollout_engine_urls", "tcod_prefix_source", "tcod_prefix_replay_path", "examples.agent_envs", "make_env")
 _RUNTIME_NAME = re.compile(r"(?<![\w-])(" + "|".join(re.escape(n) for n in RUNTIME_NAMES) + r")(?![\w-])", re.I)
 # The paper's benchmarks may be named where a setting is cited to the official TCOD configs (the launch
 # script's eta values come from its ALFWorld / ScienceWorld / WebShop YAMLs); nowhere else.
 OFFICIAL_BENCHMARKS = {"scienceworld", "alfworld", "webshop"}
 OFFICIAL_CITATION = re.compile(r"official|kokolerk/TCOD", re.I)
+SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
+PINNED = {"black": "24.3.0", "isort": "5.13.2", "ruff": "0.14.7", "autoflake": "2.0.2"}
+UPSTREAM_SETTINGS = """# upstream slime's pyproject.toml at the verified commit, its linters' part
+[tool.black]
+line_length = 119
+
+[tool.ruff]
+line-length = 320
+
+[tool.ruff.lint]
+select = ["E", "F", "B", "UP"]
+ignore = ["E402", "E501"]
+
+[tool.isort]
+profile = "black"
+line_length = 119
+ignore_whitespace = true
+py_version = 310
+sections = ["FUTURE", "STDLIB", "THIRDPARTY", "FIRSTPARTY", "LOCALFOLDER"]
+default_section = "THIRDPARTY"
+known_first_party = ["slime", "slime_plugins"]
+known_third_party = ["megatron", "wandb", "ray", "transformers"]
+src_paths = ["slime", "slime_plugins"]
+"""
 FAILED: list[str] = []
 
 
@@ -66,9 +79,41 @@ def check(ok: bool, what: str) -> None:
         FAILED.append(what)
 
 
-SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
+# ---------------------------------------------------------------------------- linters
+def missing_linters() -> list[str]:
+    """``tool==version`` for each pinned linter that is absent or at another version (another formats otherwise)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(tool):
+        try:
+            return version(tool)
+        except PackageNotFoundError:
+            return None
+
+    return [f"{tool}=={want}" for tool, want in PINNED.items() if installed(tool) != want]
 
 
+def lint(files: list[str], fix: bool = False) -> list[str]:
+    """Findings (empty: clean). With ``fix`` the files are rewritten first, as pre-commit would."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as settings:
+        settings.write(UPSTREAM_SETTINGS)
+        settings.flush()
+        cfg = settings.name
+
+        def run(*cmd):
+            return subprocess.run([sys.executable, "-m", *cmd], cwd=port.REPO, capture_output=True, text=True)
+
+        out = run("ruff", "check", "--config", cfg, *(["--fix"] if fix else []), "--output-format", "concise", *files)
+        findings = [f"ruff: {ln}" for ln in out.stdout.splitlines() if ":" in ln and not ln.startswith("Found")]
+        out = run("autoflake", "--remove-all-unused-imports", "--in-place" if fix else "--check", *files)
+        findings += [] if fix else [f"autoflake: {ln}" for ln in out.stdout.splitlines() if "Unused imports" in ln]
+        out = run("isort", "--settings-path", cfg, "--filter-files", *([] if fix else ["--check-only"]), *files)
+        findings += [f"isort: {ln}" for ln in (out.stdout + out.stderr).splitlines() if "ERROR" in ln]
+        out = run("black", "--config", cfg, *([] if fix else ["--check"]), *files)
+        return findings + [f"black: {ln}" for ln in out.stderr.splitlines() if ln.startswith("would reformat")]
+
+
+# ---------------------------------------------------------------------------- the diff
 def _files(root: Path) -> dict[str, Path]:
     return {
         p.relative_to(root).as_posix(): p
@@ -112,29 +157,28 @@ def runtime_name_hits(rel: str, added: list[tuple[int, str]]) -> list[str]:
     return hits
 
 
-def registration_problems(ported: Path, conftests: list[str]) -> list[str]:
+# ---------------------------------------------------------------------------- its tests in upstream's CI
+def registration_problems(ported: Path, conftests: list[str], pr) -> list[str]:
     """What keeps upstream's CI from running the PR's tests as intended (one line each)."""
     problems = [f"{rel}: the PR adds a conftest.py; a test stubs what it needs itself" for rel in conftests]
-    for rel in manifest.TEST_FILES:
-        path = ported / rel
-        if not path.is_file():
+    for rel in pr.TEST_FILES:
+        if not (ported / rel).is_file():
             problems.append(f"{rel}: not in the ported tree")
             continue
-        text = path.read_text()
+        text = (ported / rel).read_text()
         gpus = NUM_GPUS_LINE.findall(text)
-        want = "0" if rel in manifest.CPU_TEST_FILES else str(pr_test_entry.GPU_CONFIGS[0][2])
+        want = "0" if rel in pr.CPU_TEST_FILES else str(pr.GPU_REGISTRATION[0][1])
         if gpus[:1] != [want]:
             problems.append(f"{rel}: NUM_GPUS is {gpus[0] if gpus else 'not set'}, want {want}")
-        if rel in manifest.CPU_TEST_FILES and not text.endswith(MAIN_RUNNER):
+        if rel in pr.CPU_TEST_FILES and not text.endswith(MAIN_RUNNER):
             problems.append(f"{rel}: does not end with upstream's runner {MAIN_RUNNER.splitlines()[1].strip()!r}")
     try:
         rendered = cpu_ci.render(ported)["jobs"]
         cpu = {rel for job in cpu_ci.cpu_jobs(ported) for rel, _ in job.tests}
     except Exception as err:  # noqa: BLE001 - a template that does not render is itself the finding
-        return problems + [f"{pr_test_entry.TEMPLATE} does not render: {type(err).__name__}: {err}"]
-    problems += [f"{rel}: not registered in a CPU job" for rel in manifest.CPU_TEST_FILES if rel not in cpu]
-    gpu_name = GPU_TEST.removeprefix("tests/")
-    want = sorted((f"--tcod-mode {m} --opd-type {o}", n) for m, o, n in pr_test_entry.GPU_CONFIGS)
+        return problems + [f"{port.TEMPLATE} does not render: {type(err).__name__}: {err}"]
+    problems += [f"{rel}: not registered in a CPU job" for rel in pr.CPU_TEST_FILES if rel not in cpu]
+    gpu_name, want = pr.GPU_TEST_FILE.removeprefix("tests/"), sorted(pr.GPU_REGISTRATION)
     registered = False
     for name, job in rendered.items():
         if job.get("runs-on") == "ubuntu-latest":
@@ -143,9 +187,9 @@ def registration_problems(ported: Path, conftests: list[str]) -> list[str]:
                      if e.get("test_file") == gpu_name)
         registered |= bool(got)
         if got and got != want:
-            problems.append(f"{GPU_TEST} in job {name}: entries {got}, want {want}")
+            problems.append(f"{pr.GPU_TEST_FILE} in job {name}: entries {got}, want {want}")
     if not registered:
-        problems.append(f"{GPU_TEST}: not registered in any GPU job")
+        problems.append(f"{pr.GPU_TEST_FILE}: not registered in any GPU job")
     return problems
 
 
@@ -156,36 +200,57 @@ def _matrix_entries(job) -> list[dict]:
     return [e for e in info if isinstance(e, dict)] if isinstance(info, list) else []
 
 
-def example_python_lines(ported: Path) -> int:
-    return sum(len(p.read_text().splitlines()) for p in sorted((ported / EXAMPLE_DIR).rglob("*.py")))
-
-
 def main(argv=None) -> int:
-    pristine, ported = (Path(p).resolve() for p in (argv or sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pr", choices=tuple(port.PRS), default="tcod")
+    parser.add_argument("--lint", action="store_true", help="only the linters, on this repository's PR files")
+    parser.add_argument("--fix", action="store_true", help="with --lint: rewrite the files as upstream's hooks would")
+    parser.add_argument("paths", nargs="*", help="PRISTINE PORTED, or with --lint the files to lint")
+    opts = parser.parse_args(argv)
+    pr = port.manifest_of(opts.pr)
+    if opts.lint:
+        if missing_linters():
+            print(f"verify_pr.py: install the pinned linters first: pip install {' '.join(missing_linters())}")
+            return 2
+        findings = lint(opts.paths or pr.python_files(), fix=opts.fix)
+        print("\n".join([*findings, f"verify_pr.py --lint: {len(findings)} finding(s)"]))
+        return 1 if findings else 0
+    if len(opts.paths) != 2:
+        parser.error("give PRISTINE and PORTED")
+    pristine, ported = (Path(p).resolve() for p in opts.paths)
     files = diff_stats(pristine, ported)
-    added = sum(len(a) for a, _ in files.values())
+    caps = pr.CAPS
+    counted = {rel: v for rel, v in files.items() if rel not in getattr(pr, "UNCOUNTED", ())}
+    added = sum(len(a) for a, _ in counted.values())
     core = sum(len(a) for rel, (a, _) in files.items() if rel.startswith("slime/"))
-    example_py = example_python_lines(ported)
-    check(example_py <= MAX_EXAMPLE_PY, f"size: the example's Python is {example_py} lines (cap {MAX_EXAMPLE_PY})")
-    check(core <= MAX_CORE, f"size: +{core} lines under slime/ (cap {MAX_CORE})")
-    check(added <= MAX_ADDED, f"size: {len(files)} files, +{added} lines (cap {MAX_ADDED})")
-    shrunk = {rel: r for rel, (_, r) in files.items() if r > MAX_REMOVED or (r and not (ported / rel).exists())}
-    check(not shrunk, f"no upstream file replaced or losing more than {MAX_REMOVED} lines {shrunk or ''}")
+    counts = []
+    if "example_py" in caps:
+        example_py = sum(len(p.read_text().splitlines()) for p in sorted((ported / pr.EXAMPLE_DIR).rglob("*.py")))
+        check(example_py <= caps["example_py"], f"size: the example's Python is {example_py} lines (cap {caps['example_py']})")
+        counts.append(f"example Python {example_py} lines")
+    check(core <= caps["core"], f"size: +{core} lines under slime/ (cap {caps['core']})")
+    uncounted = f", {len(files) - len(counted)} CI file(s) not counted" if len(counted) < len(files) else ""
+    check(added <= caps["added"], f"size: {len(files)} files, +{added} lines (cap {caps['added']}{uncounted})")
+    counts += [f"slime/ +{core} lines", f"total +{added} lines"]
+    limit = caps.get("removed")
+    shrunk = {rel: r for rel, (_, r) in files.items() if (limit is not None and r > limit) or (r and not (ported / rel).exists())}
+    check(not shrunk, "no upstream file replaced" + (f" or losing more than {limit} lines" if limit is not None else "")
+          + f" {shrunk or ''}")
     hits = [hit for rel, (lines, _) in files.items() for hit in runtime_name_hits(rel, lines)]
     check(not hits, f"no PR line names this repository's runtime (RUNTIME_NAMES): {len(hits)} hits")
     for hit in hits:
         print(f"      {hit}")
 
     py = [rel for rel in files if rel.endswith(".py")]
-    findings = lint.lint([str(ported / rel) for rel in py]) if not lint.missing_linters() else ["linters missing"]
+    findings = lint([str(ported / rel) for rel in py]) if not missing_linters() else ["linters missing"]
     check(not findings, f"upstream's linters on the PR's {len(py)} Python files: {len(findings)} findings")
     for line in findings[:20]:
         print(f"      {line}")
 
-    problems = registration_problems(ported, [rel for rel in files if rel.endswith("conftest.py")])
-    n_cpu = len(manifest.CPU_TEST_FILES)
-    check(not problems, f"the PR's tests as upstream's CI runs them ({n_cpu} CPU, 1 GPU in "
-                        f"{len(pr_test_entry.GPU_CONFIGS)} configurations): {len(problems)} problems")
+    problems = registration_problems(ported, [rel for rel in files if rel.endswith("conftest.py")], pr)
+    gpu = f"1 GPU in {len(pr.GPU_REGISTRATION)} configuration{'s' * (len(pr.GPU_REGISTRATION) > 1)}"
+    check(not problems, f"the PR's tests as upstream's CI runs them ({len(pr.CPU_TEST_FILES)} CPU, {gpu}): "
+                        f"{len(problems)} problems")
     for line in problems:
         print(f"      {line}")
 
@@ -196,7 +261,7 @@ def main(argv=None) -> int:
             if not target.startswith(("http://", "https://")) and not (ported / rel).parent.joinpath(target).exists():
                 dead.append(f"{rel} -> {target}")
     check(not dead, f"every relative link of the PR's Markdown resolves in the ported tree {dead or ''}")
-    print(f"verify_pr.py counts: example Python {example_py} lines, slime/ +{core} lines, total +{added} lines")
+    print(f"verify_pr.py counts: {', '.join(counts)}")
     print(f"verify_pr.py: {'OK' if not FAILED else f'{len(FAILED)} failed'}")
     return 1 if FAILED else 0
 

@@ -1,7 +1,10 @@
-"""The trees ``verify.sh`` works on: copying an upstream checkout, checksumming it, and the environment
-its tests run in (the tree first on ``sys.path``, no stray ``SLIME_CONTRACT_*`` variables).
+"""The trees verify.sh works on: copying an upstream checkout, checksumming it, and the environment its tests run in
+(the tree first on ``sys.path``, no stray ``SLIME_CONTRACT_*`` variables).
 
-Part of the upstream proof harness; ``contracts.py`` is its command line.
+    python tools/slime_pr/trees.py copy SRC DST   # a git checkout: its tracked and untracked-but-not-ignored
+                                                  # files; a plain tree: all but VCS, cache and venv folders
+    python tools/slime_pr/trees.py digest DIR     # one sha256 over paths, modes and contents (.git, caches,
+                                                  # venvs, *.egg-info, *.pyc left out): port.py's idempotence
 """
 
 from __future__ import annotations
@@ -11,18 +14,10 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 ENV_PREFIX = "SLIME_CONTRACT_"
-# Upstream's CPU tests this harness runs (relative to a tree).
-# test_megatron_argument_validation.py runs upstream's slime_validate_args, which the PR edits, on
-# hand-built args without the --tcod-* flags.
-UPSTREAM_TESTS = [
-    "tests/test_sample.py",
-    "tests/test_rollout_metrics.py",
-    "tests/test_megatron_argument_validation.py",
-    "tests/plugin_contracts",
-]
 EXCLUDED_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", "venv", ".mypy_cache", ".ruff_cache"}
 
 
@@ -35,24 +30,18 @@ def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-
 def tail(text: str, n: int) -> str:
     return "\n".join("    " + line for line in text.splitlines()[-n:])
 
 
-
-def _is_git_toplevel(path: Path) -> bool:
-    try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return False
-    return Path(out).resolve() == path.resolve()
+def is_git_toplevel(path: Path) -> bool:
+    out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    return out.returncode == 0 and Path(out.stdout.strip()).resolve() == path.resolve()
 
 
 def _tree_files(root: Path) -> list[str]:
     """Relative paths of the files that make up the tree."""
-    if _is_git_toplevel(root):
+    if is_git_toplevel(root):
         out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
                              capture_output=True, check=True).stdout
         names = sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
@@ -65,7 +54,6 @@ def _tree_files(root: Path) -> list[str]:
             if not f.endswith(".pyc"):
                 names.append(os.path.normpath(os.path.join(rel, f)))
     return names
-
 
 
 def copy_tree(src: Path, dst: Path) -> int:
@@ -111,3 +99,18 @@ def tree_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})
     return env
+
+
+def main(argv=None) -> int:
+    cmd, *paths = sys.argv[1:] if argv is None else argv
+    if cmd == "copy" and len(paths) == 2:
+        say(f"copied {copy_tree(Path(paths[0]).resolve(), Path(paths[1]))} entries of {paths[0]} to {paths[1]}")
+    elif cmd == "digest" and len(paths) == 1:
+        print(tree_digest(Path(paths[0])))
+    else:
+        raise SystemExit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

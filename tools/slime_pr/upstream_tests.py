@@ -1,22 +1,35 @@
-"""Make a Python able to run upstream slime's CPU tests (the ``deps`` step of ``verify.sh``).
+"""Upstream slime's own CPU tests, run inside a tree: the Python that runs them, and one recorded session.
 
-The missing modules are found by running the tests on the pristine tree (some are imported only inside
-the functions they test), then installed with pip when the tree's requirements.txt or
-``ALSO_INSTALLABLE`` names them. ray, sglang, sglang_router and torch are never installed: upstream's
-contract tests stub the first three, torch is the user's choice of build.
+``ensure_deps`` (the ``deps`` step of verify.sh) makes a Python able to import what the tests import: the missing
+modules are found by running the tests on the pristine tree (some are imported only inside the functions they
+test), then pip-installed when the tree's requirements.txt or ``ALSO_INSTALLABLE`` names them. ray, sglang,
+sglang_router and torch are never installed: upstream's contract tests stub the first three, torch is the user's
+choice of build.
+
+``run_session`` (contracts.py's internal ``_pytest`` step) runs pytest in a tree and writes each test's outcome
+as JSON, and for a failure the exception and how far into the test file it got (the line numbers of the test file
+on the traceback), so contracts.py can tell whether our hook stopped earlier in a contract test than upstream's
+own counterpart did.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 try:
-    from .verify_trees import UPSTREAM_TESTS, say, tail, tree_env
+    from .trees import say, tail, tree_env
 except ImportError:  # run as a script from this folder
-    from verify_trees import UPSTREAM_TESTS, say, tail, tree_env
+    from trees import say, tail, tree_env
+
+# Upstream's CPU tests this harness runs (relative to a tree). test_megatron_argument_validation.py runs
+# upstream's slime_validate_args, which the PR edits, on hand-built args without the --tcod-* flags.
+UPSTREAM_TESTS = ["tests/test_sample.py", "tests/test_rollout_metrics.py", "tests/test_megatron_argument_validation.py",
+                  "tests/plugin_contracts"]
 
 # Modules never installed by this harness (GPU stack or stubbed by upstream's tests), and pip names of
 # import names that differ.
@@ -48,7 +61,6 @@ for name in sys.argv[1:]:
     except ImportError as err:
         print(f"probe {name}: {type(err).__name__}: {err}")
 """
-
 
 
 def _probe_missing(tree: Path) -> tuple[set[str], str]:
@@ -146,4 +158,83 @@ def ensure_deps(tree: Path, no_install: bool) -> int:
         say(f"[deps] upstream's CPU tests import fine with {sys.executable} (nothing installed)")
     return 0
 
+
+# -------------------------------------------------------------------------------- one recorded session
+_STAGE_RANK = {"collect": 0, "setup": 1, "call": 2, "teardown": 3}
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class _Recorder:
+    """pytest plugin: each test's outcome, and for a failure the exception and the path through the test file."""
+
+    def __init__(self):
+        self.tests: dict[str, dict] = {}
+        self.collect_errors: dict[str, str] = {}
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            text = report.longreprtext
+            errs = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+            self.collect_errors[report.nodeid] = errs[-1] if errs else _first_line(text)
+
+    def pytest_runtest_logreport(self, report):
+        rec = self.tests.setdefault(report.nodeid, {"outcome": "passed"})
+        if report.failed and rec["outcome"] in ("passed", "skipped"):
+            rec["outcome"] = "failed" if report.when == "call" else "error"
+            rec["stage"] = report.when
+            rec.setdefault("error", _first_line(report.longreprtext))
+        elif report.skipped and rec["outcome"] == "passed":
+            rec["outcome"] = "skipped"
+            rec["error"] = _first_line(str(report.longrepr))
+
+    def pytest_exception_interact(self, node, call, report):
+        excinfo = call.excinfo
+        nodeid = getattr(node, "nodeid", None)
+        if excinfo is None or nodeid is None or not hasattr(node, "runtest"):
+            return
+        rec = self.tests.setdefault(nodeid, {"outcome": "passed"})
+        if "exception" in rec:
+            return
+        test_file = str(node.path)
+        path, stmt = [_STAGE_RANK.get(call.when, 2)], ""
+        for entry in excinfo.traceback:
+            if str(entry.path) == test_file:
+                path.append(entry.lineno + 1)
+                try:
+                    stmt = str(entry.statement).strip().splitlines()[0]
+                except Exception:  # noqa: BLE001 - source may be unavailable
+                    stmt = ""
+        rec["exception"] = f"{excinfo.typename}: {_first_line(excinfo.value)}"
+        rec["progress"] = path
+        rec["where"] = f"line {path[-1]}: {stmt}" if len(path) > 1 else call.when
+
+
+def run_session(results: Path, pytest_args: list[str]) -> int:
+    """Run pytest in the current directory (a tree) and write the record to ``results``."""
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    tree = Path.cwd().resolve()
+    result: dict = {"tree": str(tree), "tests": {}, "collect_errors": {}}
+
+    import importlib.util
+
+    spec = importlib.util.find_spec("slime")
+    origin = Path(spec.origin).resolve() if spec and spec.origin else None
+    if origin is None or tree not in origin.parents:
+        result["fatal"] = f"'import slime' resolves to {origin}, not to the tree {tree}"
+        Path(results).write_text(json.dumps(result, indent=1))
+        print(f"ERROR: {result['fatal']}", file=sys.stderr)
+        return 3
+    import pytest
+
+    rec = _Recorder()
+    rc = pytest.main(pytest_args, plugins=[rec])
+    result.update(rc=int(rc), tests=rec.tests, collect_errors=rec.collect_errors, slime=str(origin))
+    Path(results).write_text(json.dumps(result, indent=1))
+    return 0
 
