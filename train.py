@@ -7,7 +7,7 @@ PPO update) -> KL-controller update -> push weights to the engines (rollouts of 
 weights of step n) -> evaluation when due -> metrics row -> checkpoint on schedule. The row is written
 before the checkpoint, so a checkpoint of step n always has its row; on resume, rows after the
 checkpoint are dropped (MetricsLogger) and those steps run again. Inputs are checked before Ray or any
-engine starts (``slime.utils.preflight``).
+engine starts (``slime.launch``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime.utils.arguments import ArgumentError, parse_args
-from slime.utils.failures import describe_failure
-from slime.utils.plan import print_plan
+from slime.ray.failures import describe_failure
+from slime.utils.arguments import parse_args
 
 
 def _init_ray(args):
@@ -87,50 +86,20 @@ def _one_line_warnings() -> None:
 def main(argv=None) -> int:
     _one_line_warnings()
     args = parse_args(argv=argv)
-    from slime.utils.launch_checks import check_launch
+    from slime.launch.prepare import prepare_run
 
-    try:
-        # Plugins, data files and budgets: a misconfiguration fails here, not after Ray and the engines are up.
-        notes = check_launch(args)
-    except ArgumentError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        print_plan(args, notes)
-        return 0
-    for note in notes:
-        print(f"train.py: {note}", file=sys.stderr)
-    from slime.utils.output_paths import OutputLock, default_metrics_dir
-
-    try:
-        fresh = default_metrics_dir(args)
-        if fresh is not None:
-            print(f"train.py: no --save or --metrics-dir: this run writes to {fresh}", file=sys.stderr)
-        lock = OutputLock(args)  # a second run into these folders is refused until this one ends
-    except ArgumentError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
-        return 2
-    try:
-        return _launch(args)
-    finally:
-        lock.release()
+    # Everything before Ray (checks, --dry-run's plan, output folders and their lock, preflight). A refusal or
+    # the plan ends the run here with its exit code; the lock is held until the run ends.
+    with prepare_run(args) as prepared:
+        if prepared.exit_code is not None:
+            return prepared.exit_code
+        return _launch(args, prepared.inputs)
 
 
-def _launch(args) -> int:
-    """The run after its checks: preflight, Ray, the loop; returns the exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from slime.utils.preflight import preflight
-
-    try:
-        inputs = preflight(args)
-    except ArgumentError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
-        return 2
-    if inputs.load_folder is not None:
-        # Engines start on the restored policy, so rollouts of the next step use the checkpoint's weights.
-        args.rollout_model_path = str(inputs.load_folder / "model" / "hf")
+def _launch(args, inputs) -> int:
+    """The run after its checks: Ray, the loop; returns the exit code."""
     from slime.ray.local_ray import LocalRay
-    from slime.utils.run_summary import RunProgress, first_sigint_stops
+    from slime.ray.run_summary import RunProgress, first_sigint_stops
 
     # The command line owns the local Ray it starts and stops it; in-process callers (tests) share one.
     owns_ray = __name__ == "__main__" and not (args.ray_address or os.environ.get("RAY_ADDRESS"))
@@ -189,14 +158,15 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     Ctrl-C anywhere in it prints one line, then the engines and trainers are stopped as after any error."""
     from tqdm import tqdm
 
+    from slime.checkpoint.driver import load_checkpoint, save_checkpoint
     from slime.ray.actor_group import TrainerGroup
-    from slime.ray.rollout import RolloutManager, trainable
+    from slime.ray.rollout import RolloutManager
+    from slime.ray.run_summary import RunProgress, bar_fields
+    from slime.rollout import debug_rollout_data, teacher_prefix
     from slime.rollout.empty_steps import EmptySteps
-    from slime.utils import debug_rollout_data
-    from slime.utils.checkpoint import load_checkpoint, save_checkpoint
+    from slime.rollout.trainable_samples import trainable
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
-    from slime.utils.run_summary import RunProgress, bar_fields
     from slime.utils.step_metrics import rollout_metrics
 
     progress = progress or RunProgress(args.num_rollout)
@@ -210,7 +180,8 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
         trainer = TrainerGroup(args)
         if inputs.load_folder is not None:
             state = load_checkpoint(inputs.load_folder, trainer=trainer, data_source=rollout_manager.data_source,
-                                    kl_controller=kl_ctrl, verify=False)  # verified by preflight
+                                    kl_controller=kl_ctrl, teacher_episodes=teacher_prefix.CACHE,
+                                    verify=False)  # verified by preflight
             start = state["rollout_id"] + 1
         rollout_manager.wait_engines()
         if local_ray is not None:
@@ -273,7 +244,8 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
             t_step = time.perf_counter()
             if args.save and _due(rollout_id, args.save_interval, last):
                 progress.saved(save_checkpoint(args.save, rollout_id, trainer=trainer,
-                                               data_source=rollout_manager.data_source, kl_controller=kl_ctrl))
+                                               data_source=rollout_manager.data_source, kl_controller=kl_ctrl,
+                                               teacher_episodes=teacher_prefix.CACHE))
             t_save = time.perf_counter() - t_step
         logger.close()
     except KeyboardInterrupt:

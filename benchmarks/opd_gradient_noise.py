@@ -26,9 +26,9 @@ import statistics
 import torch
 import transformers
 
-from slime.backends.fsdp_utils import forward
-from slime.utils import opd_kl, ppo_utils
-from slime.utils.debug_rollout_data import load
+from slime.backends.fsdp_utils import forward, opd_kl
+from slime.rollout.debug_rollout_data import load
+from slime.utils import ppo_utils
 
 
 def _masks(samples):

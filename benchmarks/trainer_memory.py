@@ -35,7 +35,7 @@ SETTINGS = {
 # Freed blocks above this size are unmapped at once, so the resident set size follows live memory.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "1"}
 GIB = 1024 ** 3
-# Scaled-down configurations for checking slime/utils/memory_plan.py's estimate (CPU form) against a
+# Scaled-down configurations for checking slime/launch/memory_plan.py's estimate (CPU form) against a
 # measured peak: head-dominated (real vocabulary), activation-dominated with GQA, a reference model and
 # recomputation, and the whole-row head with two micro-batches per step (gradients live across them).
 VALIDATION = [
@@ -156,8 +156,9 @@ def measure(ckpt: str, seq_len: int, extra: list[str], *, n_samples: int = 1, wa
 
 def estimate_for(ckpt: str, seq_len: int, n_samples: int, extra: list[str]) -> dict:
     """The memory plan's CPU estimate for the same run (``plan_memory(..., device="cpu")``)."""
+    from slime.launch.memory_plan import plan_memory
     from slime.utils.arguments import get_parser, validate_args
-    from slime.utils.memory_plan import plan_memory, read_config
+    from slime.utils.hf_config import read_config
 
     args = validate_args(get_parser().parse_args(trainer_argv(ckpt, seq_len, n_samples, extra)))
     plan = plan_memory(args, read_config(ckpt), device="cpu", tokens=seq_len)

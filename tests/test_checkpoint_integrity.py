@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from slime.utils.checkpoint import LATEST, find_checkpoint, iteration_dir, load_checkpoint, save_checkpoint
-from slime.utils.checkpoint_files import (MANIFEST, CheckpointError, read_json, read_safetensors, verify_manifest,
-                                          write_manifest)
+from slime.checkpoint.driver import load_checkpoint, save_checkpoint
+from slime.checkpoint.files import (MANIFEST, CheckpointError, read_json, read_safetensors, verify_manifest,
+                                    write_manifest)
+from slime.checkpoint.layout import LATEST, find_checkpoint, iteration_dir
 from slime.utils.kl_controller import FixedKLController
 
 
@@ -102,7 +103,7 @@ def test_truncated_files_are_named_by_the_readers(tmp_path):
 def test_load_falls_back_to_the_newest_intact_iteration_with_a_warning(tmp_path, caplog):
     save_iterations(tmp_path, [0, 1, 2])
     flip_a_byte(weights_file(tmp_path, 2))
-    with caplog.at_level(logging.WARNING, logger="slime.utils.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="slime.checkpoint.layout"):
         assert find_checkpoint(tmp_path) == iteration_dir(tmp_path, 1)
     assert "iter_0000002" in caplog.text and "model.safetensors" in caplog.text
     assert "falling back to iter_0000001" in caplog.text
@@ -137,7 +138,7 @@ def test_latest_naming_a_missing_iteration_falls_back(tmp_path):
 def test_old_checkpoint_without_checksums_loads_with_a_warning(tmp_path, caplog):
     save_iterations(tmp_path, [0])
     (iteration_dir(tmp_path, 0) / MANIFEST).unlink()
-    with caplog.at_level(logging.WARNING, logger="slime.utils.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="slime.checkpoint.layout"):
         assert find_checkpoint(tmp_path) == iteration_dir(tmp_path, 0)
     assert "no checksums" in caplog.text
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slime.backends.fsdp_utils import opd_kl
 from slime.backends.fsdp_utils.chunked_head import FullTeacher, HeadSpec, TopkTeacher, head_stats
-from slime.utils import opd_kl
 
 N, H, V, K, T = 11, 6, 29, 4, 0.7
 

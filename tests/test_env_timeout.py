@@ -18,7 +18,7 @@ import pytest
 
 import flaky_env
 from examples.multi_turn_tcod import rollout
-from slime.utils.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args
+from slime.arguments.multi_turn_arguments import add_multi_turn_arguments, validate_multi_turn_args
 from slime.utils.types import Sample
 from test_interaction_env import Policy, State, make_args
 

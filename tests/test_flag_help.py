@@ -147,7 +147,8 @@ def test_compatibility_only_flags_are_accepted():
 
 
 def test_split_groups_stay_importable_from_arguments():
-    from slime.utils import algorithm_arguments, arguments
+    from slime.arguments import algorithm_arguments
+    from slime.utils import arguments
 
     for name in ("ESTIMATORS", "REWARD_SIDE_KL_ESTIMATORS", "add_algorithm_arguments", "add_optimizer_arguments",
                  "add_on_policy_distillation_arguments", "add_kl_controller_arguments"):

@@ -104,7 +104,7 @@ def test_loading_a_checkpoint_without_a_critic_into_ppo_fails_clearly(ckpts, tmp
 def test_truncated_trainer_files_are_named(ckpts, tmp_path):
     import shutil
 
-    from slime.utils.checkpoint_files import CheckpointError
+    from slime.checkpoint.files import CheckpointError
 
     args = make_args(ckpts["student"], "--loss-type", "sft_loss")
     FSDPActor(args, 0, 1).save(str(tmp_path / "good"))

@@ -1,4 +1,4 @@
-"""Early input checks (slime.utils.preflight): every path, data file and teacher vocabulary is checked
+"""Early input checks (slime.launch.preflight): every path, data file and teacher vocabulary is checked
 before Ray or any engine starts, and each failure names its flag."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from slime.launch.preflight import preflight
 from slime.utils.arguments import ArgumentError, get_parser, validate_args
-from slime.utils.preflight import preflight
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""What --dry-run refuses or fills in before Ray (slime.utils.launch_checks), and the run failures that get one
-paragraph instead of a traceback (slime.utils.failures)."""
+"""What --dry-run refuses or fills in before Ray (slime.launch.checks), and the run failures that get one
+paragraph instead of a traceback (slime.ray.failures)."""
 
 import json
 import subprocess
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from slime.arguments.argument_error import ArgumentError
 from slime.backends.fsdp_utils.guards import NonFiniteError
-from slime.utils.argument_error import ArgumentError
+from slime.launch.checks import MULTI_TURN_GENERATE, SERVER_TEACHER_HOOKS, check_launch
+from slime.ray.failures import describe_failure
 from slime.utils.arguments import get_parser, validate_args
-from slime.utils.failures import describe_failure
 from slime.utils.http_utils import HTTPRequestError
-from slime.utils.launch_checks import MULTI_TURN_GENERATE, SERVER_TEACHER_HOOKS, check_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "examples.agent_envs"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import train
+from slime.launch.config_keys import CONSUMER_KEYS
 from slime.utils.arguments import get_parser
-from slime.utils.config_keys import CONSUMER_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN_ENVS = "alfworld, gridnav, hanoi, scienceworld, textworld, webshop"
@@ -283,7 +283,7 @@ def test_eval_sharing_training_tasks_is_warned(monkeypatch, capsys, data):
 def test_the_same_puzzle_under_another_seed_counts_as_shared(tmp_path):
     from argparse import Namespace
 
-    from slime.utils.data_overlap import overlap_warnings
+    from slime.launch.data_overlap import overlap_warnings
 
     def write(name, rows):
         path = tmp_path / name

@@ -1,4 +1,4 @@
-"""Upstream's Megatron model-shape flags against HF configs (slime/utils/megatron_shape.py) and where a
+"""Upstream's Megatron model-shape flags against HF configs (slime/arguments/megatron_shape.py) and where a
 model-loading flag points (slime/backends/megatron_utils/load_paths.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import transformers
 
+from slime.arguments.megatron_shape import shape_flags_given, shape_mismatches, tp_divisibility_error
 from slime.backends.megatron_utils.load_paths import LoadSource, resolve_load
 from slime.utils.arguments import get_parser, validate_args
-from slime.utils.megatron_shape import shape_flags_given, shape_mismatches, tp_divisibility_error
 
 SOURCE = "--hf-checkpoint /m/config.json"
 # A tiny Qwen3 and the MODEL_ARGS array upstream's scripts/models/qwen3-*.sh would write for it.

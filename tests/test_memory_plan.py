@@ -1,4 +1,4 @@
-"""The --dry-run memory plan (slime/utils/memory_plan.py): validated against measured CPU peaks, and the
+"""The --dry-run memory plan (slime/launch/memory_plan.py): validated against measured CPU peaks, and the
 GPU script's plan."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from slime.launch.memory_plan import ModelShape, describe_memory, plan_memory
+from slime.launch.plan import describe_plan
 from slime.utils.arguments import get_parser, validate_args
-from slime.utils.memory_plan import ModelShape, describe_memory, plan_memory
-from slime.utils.plan import describe_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -7,8 +7,8 @@ import torch
 import transformers
 from fsdp_helpers import make_args, make_samples, single_thread, student_and_teacher, weights
 
+from slime.backends.fsdp_utils import opd_kl
 from slime.backends.fsdp_utils.actor import FSDPActor
-from slime.utils import opd_kl
 
 transformers.utils.logging.disable_progress_bar()
 TEMPERATURE = 0.8  # make_args' --rollout-temperature

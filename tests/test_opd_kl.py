@@ -1,4 +1,4 @@
-"""Whole-distribution reverse KL (slime/utils/opd_kl.py) and how slime's sampled OPD term relates to it.
+"""Whole-distribution reverse KL (slime/backends/fsdp_utils/opd_kl.py) and how slime's sampled OPD term relates to it.
 
 The sampled term puts ``-(log s(a) - log t(a))`` on the student's own token ``a`` as an advantage. On
 fixed states its expected policy gradient is the gradient of the exact reverse KL (the score-function
@@ -12,7 +12,8 @@ import argparse
 import pytest
 import torch
 
-from slime.utils import opd_kl, ppo_utils
+from slime.backends.fsdp_utils import opd_kl
+from slime.utils import ppo_utils
 
 V, P = 12, 5  # vocabulary, positions
 

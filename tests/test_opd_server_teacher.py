@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from slime.backends.fsdp_utils.guards import NonFiniteError
 from slime.backends.sglang_utils.launcher import find_free_port
+from slime.backends.teacher_vocab import check_teacher_vocab
+from slime.ray.failures import describe_failure
 from slime.rollout import on_policy_distillation as opd
 from slime.utils import http_utils
-from slime.utils.failures import describe_failure
-from slime.utils.teacher_vocab import check_teacher_vocab
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 from slime.utils.types import Sample
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slime.utils.argument_error import ArgumentError
-from slime.utils.plugin_paths import check_plugin_paths
+from slime.arguments.argument_error import ArgumentError
+from slime.launch.plugin_paths import check_plugin_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""``--load`` says what it resumes and refuses, before Ray, a resume that changes the run (resume_checks.py).
+"""``--load`` says what it resumes and refuses, before Ray, a resume that changes the run
+(slime/checkpoint/resume.py; its lines: slime/launch/resume_notes.py).
 
 The checkpoint is a real one: the FSDP trainer (one in-process group, no Ray) written by save_checkpoint
 at iteration 11 of a TCOD f2b run; the messages are read through ``train.main(... --dry-run)`` or, for the
@@ -17,13 +18,15 @@ from fsdp_helpers import make_args, make_samples, single_thread
 
 import train
 from examples.multi_turn_tcod.envs.make_data import task_rows
+from slime.checkpoint.driver import save_checkpoint
+from slime.checkpoint.files import MANIFEST, CheckpointError, read_json, verify_manifest, write_manifest
+from slime.checkpoint.layout import iteration_dir
+from slime.checkpoint.resume import flag_changes, model_changes
+from slime.checkpoint.run_config import RUN_CONFIG
+from slime.launch.checks import check_launch
+from slime.launch.preflight import preflight
 from slime.utils.arguments import parse_args
-from slime.utils.checkpoint import RUN_CONFIG, iteration_dir, save_checkpoint
-from slime.utils.checkpoint_files import MANIFEST, CheckpointError, read_json, verify_manifest, write_manifest
 from slime.utils.kl_controller import FixedKLController
-from slime.utils.launch_checks import check_launch
-from slime.utils.preflight import preflight
-from slime.utils.resume_checks import flag_changes, model_changes
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 transformers.utils.logging.disable_progress_bar()

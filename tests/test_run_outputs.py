@@ -17,8 +17,8 @@ import pytest
 
 import train
 from examples.multi_turn_tcod.envs.make_data import task_rows
+from slime.launch.output_paths import OutputLock
 from slime.utils.metrics import MetricsLogger, read_metrics
-from slime.utils.output_paths import OutputLock
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_a_metrics_dir_that_holds_a_run_is_refused_too(inputs, tmp_path, capsys)
 def test_a_second_run_into_a_save_in_use_is_refused_and_a_crashed_run_leaves_no_lock(inputs, tmp_path, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from types import SimpleNamespace as N; "
-         "from slime.utils.output_paths import OutputLock; "
+         "from slime.launch.output_paths import OutputLock; "
          f"lock = OutputLock(N(save={str(tmp_path)!r}, metrics_dir=None)); print('held', flush=True); time.sleep(300)"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

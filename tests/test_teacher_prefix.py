@@ -18,16 +18,16 @@ from aiohttp import web
 from test_checkpoint_integrity import StubData, StubTrainer
 
 from examples.multi_turn_tcod.chat_layout import encode_observation
+from slime.arguments.multi_turn_arguments import TEACHER_PREFIX_GENERATE
 from slime.backends.sglang_utils.router import point_router_at_engines
+from slime.checkpoint.driver import TEACHER_EPISODES, load_checkpoint, save_checkpoint
+from slime.launch.checks import check_launch
 from slime.rollout import sample_hooks, teacher_prefix
 from slime.rollout.sglang_rollout import GenerateState, build_sampling_params, run_async, sampling_seed
 from slime.utils.arguments import ArgumentError, get_parser, validate_args
-from slime.utils.checkpoint import TEACHER_EPISODES, load_checkpoint, save_checkpoint
 from slime.utils.http_utils import close_session
 from slime.utils.kl_controller import FixedKLController
-from slime.utils.launch_checks import check_launch
 from slime.utils.misc import load_function
-from slime.utils.multi_turn_arguments import TEACHER_PREFIX_GENERATE
 from slime.utils.step_metrics import rollout_metrics
 from slime.utils.tiny_models import save_tiny_checkpoint
 from slime.utils.types import Sample
@@ -184,7 +184,8 @@ def test_resume_restores_the_cache_and_replays_exactly(engine, tmp_path, monkeyp
     play(args, [task(0), task(1, length=3)], step=0)
     uninterrupted = play(args, [task(0), task(1, length=3)], step=1)
     saved = CACHE.state_dict()
-    save_checkpoint(tmp_path, 0, trainer=StubTrainer(), data_source=StubData(), kl_controller=FixedKLController(0.0))
+    save_checkpoint(tmp_path, 0, trainer=StubTrainer(), data_source=StubData(), kl_controller=FixedKLController(0.0),
+                    teacher_episodes=CACHE)
     assert os.path.exists(tmp_path / "iter_0000000" / TEACHER_EPISODES)
 
     CACHE.clear()  # a new process
@@ -196,7 +197,8 @@ def test_resume_restores_the_cache_and_replays_exactly(engine, tmp_path, monkeyp
     monkeypatch.setattr(teacher_prefix, "play_teacher_episode", teacher_asked)
     with pytest.raises(AssertionError):
         play(args, [task(0)], step=1)
-    load_checkpoint(tmp_path, trainer=StubTrainer(), data_source=StubData(), kl_controller=FixedKLController(0.0))
+    load_checkpoint(tmp_path, trainer=StubTrainer(), data_source=StubData(), kl_controller=FixedKLController(0.0),
+                    teacher_episodes=CACHE)
     assert CACHE.state_dict() == saved
     resumed = play(args, [task(0), task(1, length=3)], step=1)
     assert [s.tokens for s in resumed] == [s.tokens for s in uninterrupted]
@@ -228,7 +230,7 @@ def test_failed_teacher_episode_falls_back_to_vanilla(engine):
 
 def test_expert_source_without_expert_actions_plays_in_full(engine):
     args = make_args(engine, source="expert")
-    assert args.custom_generate_function_path is None  # the example's agent loop, as launch_checks defaults
+    assert args.custom_generate_function_path is None  # the example's agent loop, as slime.launch.checks defaults
     samples = play(args, [task(0), task(1)], step=0)
     assert all(s.metadata["prefix_turns"] == 0 and s.metadata["num_turns"] == 5 for s in samples)
     assert not CACHE.entries

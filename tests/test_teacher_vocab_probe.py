@@ -12,8 +12,8 @@ from aiohttp import web
 
 from _engine_helpers import run, start_hf_engine
 from slime.backends.hf_engine import server as hf_server
+from slime.backends.teacher_vocab import check_teacher_vocab
 from slime.utils import http_utils
-from slime.utils.teacher_vocab import check_teacher_vocab
 from slime.utils.tiny_models import build_tiny_model, build_tokenizer, save_tiny_checkpoint
 
 
@@ -81,7 +81,7 @@ def check(folders, teacher_url, student="student"):
 def test_a_matching_teacher_passes_the_probe(folders, teachers, caplog):
     url = teachers["same"].url
     before = served(url)
-    with caplog.at_level("WARNING", logger="slime.utils.teacher_vocab"):
+    with caplog.at_level("WARNING", logger="slime.backends.teacher_vocab"):
         info = check(folders, url)
     # Accepted: id V - 1 and the token texts (id V is refused with 400, which the counter does not count).
     assert "vocab_size" not in info and served(url) - before == 2

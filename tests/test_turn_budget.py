@@ -7,7 +7,7 @@ import pytest
 
 from slime.rollout.turn_budget import draw_turn_matched, wave_size
 from slime.utils.arguments import ArgumentError, parse_args
-from slime.utils.multi_turn_arguments import validate_turns_per_step
+from slime.arguments.multi_turn_arguments import validate_turns_per_step
 from slime.utils.types import Sample
 
 

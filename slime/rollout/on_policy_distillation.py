@@ -157,7 +157,7 @@ def _check_finite(args, sample: Sample, what: str, rows) -> None:
     for position, row in enumerate(rows):
         bad = [v for v in (row if isinstance(row, list) else [row]) if not math.isfinite(v)]
         if bad:
-            # NonFiniteError: train.py ends the run with one paragraph (slime/utils/failures.py), not a traceback.
+            # NonFiniteError: train.py ends the run with one paragraph (slime/ray/failures.py), not a traceback.
             raise NonFiniteError(f"OPD teacher at {getattr(args, 'rm_url', None)} returned a non-finite {what} "
                              f"({bad[0]}) for sample {sample.index} at response position {position}; refusing "
                              "to train on it (a broken teacher checkpoint or dtype? an --opd-teacher-top-k "

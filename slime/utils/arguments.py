@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 # Split out (with their validation); importable from here as before.
-from slime.utils.algorithm_arguments import (  # noqa: F401
+from slime.arguments.algorithm_arguments import (  # noqa: F401
     ESTIMATORS,
     REWARD_SIDE_KL_ESTIMATORS,
     add_algorithm_arguments,
@@ -25,12 +24,12 @@ from slime.utils.algorithm_arguments import (  # noqa: F401
     validate_kl_args,
     validate_opd_args,
 )
-from slime.utils.argument_error import ArgumentError, fail as _fail
-from slime.utils.cli_parser import LaunchParser
-from slime.utils.megatron_arguments import add_megatron_arguments, validate_megatron_args
-from slime.utils.multi_turn_arguments import (
-    add_multi_turn_arguments, add_tcod_group, apply_custom_config, validate_multi_turn_tcod_args,
-)
+from slime.arguments.argument_error import ArgumentError, fail as _fail
+from slime.arguments.cli_parser import LaunchParser
+from slime.arguments.custom_config import apply_custom_config
+from slime.arguments.megatron_arguments import add_megatron_arguments, validate_megatron_args
+from slime.arguments.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
+from slime.arguments.ranges import validate_finite, validate_ranges
 # The two names upstream's arguments.py gets from port.py, importable from here as there.
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args  # noqa: F401
 
@@ -358,65 +357,9 @@ def _validate_memory(args):
         _fail(f"--model-config-json {args.model_config_json!r} is not a file")
 
 
-# Parallel sizes this project's trainers do not implement (tensor parallelism is the one they do).
-def _validate_finite(args):
-    """Every float flag must be a finite number: ``nan <= 0`` is False, so range checks alone let NaN through.
-
-    Generic over the namespace (custom flags included). No flag takes infinity as a meaning: a limit is
-    switched off with 0 or by leaving the flag out, never with ``inf``.
-    """
-    for name, value in vars(args).items():
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for item in values:
-            if isinstance(item, float) and not math.isfinite(item):
-                _fail(f"--{name.replace('_', '-')} must be a finite number, got {item}")
-
-
-# Integer flags that count something: at least 1 (optional ones only when set).
-_AT_LEAST_ONE = ("n_samples_per_eval_prompt", "rollout_concurrency", "rollout_num_gpus_per_engine",
-                 "num_gpus_per_node")
-_AT_LEAST_ONE_IF_SET = ("eval_interval", "rollout_num_gpus", "num_steps_per_rollout", "rollout_max_context_len",
-                        "eval_max_context_len", "eval_max_response_len", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                        "num_query_groups", "kv_channels", "vocab_size", "make_vocab_size_divisible_by",
-                        "max_position_embeddings", "seq_length")
-
-
-def _evaluation_only(args) -> bool:
-    """``--num-rollout 0`` with evaluation sets: evaluate the checkpoint at step -1 and train nothing."""
-    return bool(args.eval_prompt_data) and bool(args.eval_interval) and not args.skip_eval_before_train
-
-
-def _validate_ranges(args):
-    """Signs and ranges that would otherwise fail late (in the trainer) or silently do nothing."""
-    for name in _AT_LEAST_ONE:
-        if getattr(args, name) < 1:
-            _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in _AT_LEAST_ONE_IF_SET:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            _fail(f"--{name.replace('_', '-')} must be >= 1 when set, got {getattr(args, name)}")
-    if args.num_rollout is not None and (args.num_rollout < 0 or (args.num_rollout == 0 and not _evaluation_only(args))):
-        _fail(f"--num-rollout must be >= 1 (got {args.num_rollout}); 0 is accepted only for an evaluation-only run "
-              "(--eval-prompt-data and --eval-interval, without --skip-eval-before-train)")
-    for name in ("eps_clip", "eps_clip_high", "value_clip"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            _fail(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    # torch.optim.AdamW's own rules, checked here instead of after Ray and the engines have started.
-    for name in ("lr", "critic_lr", "weight_decay", "adam_eps"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            _fail(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("adam_beta1", "adam_beta2"):
-        if not 0 <= getattr(args, name) < 1:
-            _fail(f"--{name.replace('_', '-')} must lie in [0, 1), got {getattr(args, name)}")
-    for name in ("gamma", "lambd"):
-        if not 0 <= getattr(args, name) <= 1:
-            _fail(f"--{name} must lie in [0, 1], got {getattr(args, name)}")
-    if args.sglang_mem_fraction_static is not None and not 0 < args.sglang_mem_fraction_static <= 1:
-        _fail("--sglang-mem-fraction-static must lie in (0, 1]")
-
-
 def validate_args(args):
     """Check cross-flag rules and fill derived defaults in place. Raises ArgumentError."""
-    _validate_finite(args)
+    validate_finite(args)
     if args.rollout_temperature <= 0:
         _fail("--rollout-temperature must be > 0 (on-policy training needs a sampling distribution)")
     if args.actor_num_nodes < 1 or args.actor_num_gpus_per_node < 1:
@@ -429,7 +372,7 @@ def validate_args(args):
         args.eps_clip_high = args.eps_clip
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
-    _validate_ranges(args)
+    validate_ranges(args)
     _validate_batching(args)
     _validate_memory(args)
     validate_megatron_args(args)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from slime.backends import teacher_vocab
 from slime.backends.fsdp_utils import checkpoint, forward, model_io
 from slime.backends.rollout_trainer import RolloutTrainer
-from slime.utils import teacher_vocab
 from slime.utils.arguments import needs_reference
 
 

@@ -12,8 +12,8 @@ Layout of the folder the driver hands over (``{save}/iter_XXXXXXX/model/`` in tr
 
 State dicts are keyed by parameter names, not by rank, so a checkpoint written by N processes loads
 into M. Gathering is a collective (all ranks call save); only rank 0 writes shared files. Every file is
-read through ``checkpoint_files`` so a truncated or corrupt one fails with its path named (the driver's
-checksums, ``slime/utils/checkpoint.py``, normally catch it before loading starts).
+read through ``slime.checkpoint.files`` so a truncated or corrupt one fails with its path named (the driver's
+checksums, verified by ``slime/checkpoint/layout.py``, normally catch it before loading starts).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from slime.backends.fsdp_utils import model_io
-from slime.utils.checkpoint_files import read_json, read_safetensors
+from slime.checkpoint.files import read_json, read_safetensors
 
 FORMAT_VERSION = 1
 

@@ -14,12 +14,12 @@ Per position, with ``z = (W h + b) / T``, ``logp = log_softmax(z)``, ``p = exp(l
 * entropy ``H = -sum p logp``: ``d/dz = -p (logp + H)``
 * reverse KL to a teacher with full rows ``logt``, ``KL = sum p (logp - logt)``:
   ``d/dz = p (logp - logt - KL)`` (the teacher is frozen)
-* the top-k form of that KL (``slime.utils.opd_kl.topk_reverse_kl``) is a function ``f(logp)``; its
+* the top-k form of that KL (``slime.backends.fsdp_utils.opd_kl.topk_reverse_kl``) is a function ``f(logp)``; its
   gradient ``G = df/dlogp`` is taken by autograd on the chunk and mapped through the log-softmax:
   ``d/dz = G - p * sum(G)``.
 
 Forward values use the same formulas as the unchunked path (``forward.py`` with chunking off and
-``slime.utils.opd_kl``), so the two agree within float rounding.
+``slime.backends.fsdp_utils.opd_kl``), so the two agree within float rounding.
 
 The rows may also be one tensor-parallel rank's slice of the vocabulary (``Vocab`` with a process group,
 the Megatron backend's output layer): every sum, maximum or pick over the vocabulary is then completed
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from slime.utils import opd_kl
+from slime.backends.fsdp_utils import opd_kl
 
 
 class Vocab:

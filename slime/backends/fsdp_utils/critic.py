@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from slime.backends.fsdp_utils.model_io import validate_hf_folder
-from slime.utils.checkpoint_files import read_safetensors
+from slime.checkpoint.files import read_safetensors
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.fsdp import register_fsdp_forward_method
 
+from slime.backends.fsdp_utils import opd_kl
 from slime.backends.fsdp_utils.chunked_head import FullTeacher, HeadSpec, TopkTeacher, head_stats
-from slime.utils import opd_kl
 from slime.utils.types import Sample
 
 RESPONSE_HEAD = "slime_response_head"

@@ -25,13 +25,13 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from slime.arguments.megatron_shape import shape_mismatches
+from slime.backends import teacher_vocab
 from slime.backends.fsdp_utils.forward import topk_teacher
 from slime.backends.megatron_utils import checkpoint, forward, hf_weights, weight_sources
 from slime.backends.megatron_utils.model import build_gpt, init_parallel
 from slime.backends.rollout_trainer import RolloutTrainer
-from slime.utils import teacher_vocab
 from slime.utils.arguments import needs_reference
-from slime.utils.megatron_shape import shape_mismatches
 
 
 class MegatronActor(RolloutTrainer):

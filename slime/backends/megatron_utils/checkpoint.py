@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from slime.backends.fsdp_utils import checkpoint as fsdp_checkpoint
 from slime.backends.megatron_utils import hf_weights
-from slime.utils.checkpoint_files import read_json
+from slime.checkpoint.files import read_json
 
 FORMAT_VERSION = 1
 BACKEND = "megatron"

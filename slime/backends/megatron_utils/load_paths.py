@@ -1,6 +1,6 @@
 """What a model-loading flag (``--ref-load``, ``--opd-teacher-load``) points at: a HF folder or a Megatron root.
 
-Pure Python (no megatron, no torch), so the start-up checks (``slime.utils.preflight``) and the trainer
+Pure Python (no megatron, no torch), so the start-up checks (``slime.launch.preflight``) and the trainer
 resolve a path the same way:
 
 * a **HF folder** holds ``config.json`` and ``*.safetensors`` weights -> ``LoadSource("hf", path, None)``;
@@ -9,7 +9,7 @@ resolve a path the same way:
   iteration)``. A checkpoint step (``--ref-ckpt-step``, ``--opd-teacher-ckpt-step``) picks ``iter_{step}``
   instead of the named one, as Megatron's ``--ckpt-step`` does (the txt is then not needed).
 
-This project's own save root (``--save``) has the same layout (``slime/utils/checkpoint.py``); the
+This project's own save root (``--save``) has the same layout (``slime/checkpoint/driver.py``); the
 trainer's files of an iteration are under ``iter_X/model/``. Megatron is looked for first, so a root that
 also holds a config.json is read as Megatron's.
 """
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name, also written by slime.utils.checkpoint
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's name, also written by slime.checkpoint.driver
 RELEASE = "release"
 HF_EXPECTED = "a HF model folder (config.json + *.safetensors)"
 MEGATRON_EXPECTED = f"a Megatron checkpoint root ({TRACKER} + iter_XXXXXXX/ folders)"

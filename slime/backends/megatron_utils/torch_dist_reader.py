@@ -59,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from slime.utils.checkpoint_files import CheckpointError
+from slime.checkpoint.files import CheckpointError
 
 CONFIG_FILE = "metadata.json"
 DCP_METADATA_FILE = ".metadata"

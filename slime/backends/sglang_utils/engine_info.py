@@ -30,7 +30,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from slime.utils import http_utils
-from slime.utils.teacher_vocab import config_field
+from slime.utils.hf_config import config_field
 
 logger = logging.getLogger(__name__)
 

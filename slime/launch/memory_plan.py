@@ -26,9 +26,9 @@ docs/en/megatron_backend.md). It has not been compared with measured peaks yet.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, replace
+
+from slime.utils.hf_config import read_config
 
 GIB = 1024 ** 3
 # The plan says "fits" only with this share of the device left for the CUDA context, NCCL buffers and
@@ -120,17 +120,6 @@ class ModelShape:
     def backward_transient_bytes(self, c: int) -> int:
         """Per token: the gradient buffers of one layer's backward (MLP and attention), at most at once."""
         return c * (4 * self.intermediate + 2 * self.hidden)
-
-
-def read_config(path: str | None) -> dict | None:
-    """``config.json`` of a HF folder, or a config JSON file; None when not on this machine."""
-    if not path:
-        return None
-    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    if not os.path.isfile(file):
-        return None
-    with open(file) as fh:
-        return json.load(fh)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import traceback
 
-from slime.utils.argument_error import ArgumentError
+from slime.arguments.argument_error import ArgumentError
 from slime.utils.misc import load_function
 
 # attribute -> flag; each names a function by dotted path.

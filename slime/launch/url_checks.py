@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from slime.utils.argument_error import ArgumentError
+from slime.arguments.argument_error import ArgumentError
 
 # The reward hooks that send --rm-url the teacher payload; another custom --custom-rm-path may expect any URL.
 TEACHER_CLIENTS = (None, "slime.rollout.on_policy_distillation.reward_func")

@@ -51,8 +51,8 @@ def who_is(args, url: str) -> str:
 
 def describe_failure(args, err: BaseException) -> str | None:
     """The paragraph for ``err``, or None when it is not one of the failures described here."""
-    from slime.ray.rollout import TooManyFailures
     from slime.rollout.empty_steps import EmptyStepsError
+    from slime.rollout.trainable_samples import TooManyFailures
 
     if isinstance(err, (TooManyFailures, EmptyStepsError)):  # raised in this process, never wrapped by Ray
         return str(err)

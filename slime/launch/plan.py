@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from slime.arguments.megatron_shape import shape_flags_given, shape_mismatches
+from slime.launch.memory_plan import describe_memory
 from slime.rollout.tcod import curriculum_depth
-from slime.utils.megatron_shape import shape_flags_given, shape_mismatches
-from slime.utils.memory_plan import describe_memory, read_config
+from slime.utils.hf_config import read_config
 
 
 def describe_plan(args) -> list[str]:
@@ -81,7 +82,7 @@ def _megatron_lines(args, world: int) -> list[str]:
 
 
 def print_plan(args, notes=()) -> None:
-    """``notes``: the defaults taken and the warnings of ``launch_checks.check_launch``."""
+    """``notes``: the defaults taken and the warnings of ``checks.check_launch``."""
     print("slime plan (dry run: nothing started)")
     for line in describe_plan(args):
         print("  " + line)

@@ -1,69 +1,55 @@
-"""``--custom-config-path`` keys: typed as their flags, overrides named, near misses warned about.
+"""``--custom-config-path``: upstream's YAML of argument names, applied onto ``args`` before validation.
 
-Upstream applies every YAML key onto ``args``, so a misspelled ``max_turn_respone_len`` is set, read by
-nobody, and the run uses the flag's default. Unknown keys stay allowed (a plugin may read its own); only
-a near miss of a known key is warned about. A key that names a flag takes the flag's type (``typed_value``:
-PyYAML reads ``1e-3`` as a string, which would crash the optimizer after Ray started) or is refused; one
-that overrides a flag given on the command line is named with both values (upstream's rule, YAML wins, stays).
+Upstream applies every key with ``setattr``, so YAML's ``1e-3`` (a string to PyYAML) would reach the
+optimizer as text and fail after Ray started. Here a key that names a flag takes that flag's type
+(``typed_value``: as the command line would give it) or is refused naming key, value and type, and a key
+that overrides a flag typed on the command line is named with both values (upstream's rule, YAML wins,
+stays). Keys that name no flag are set as they are: a plugin may read its own. Which of those look like a
+misspelled flag is the launch checks' business (``slime.launch.config_keys``).
 """
 
 from __future__ import annotations
 
-import difflib
+from pathlib import Path
 
-# Keys the shipped code reads from args that are no flag of this runtime (upstream slime's flags).
-CONSUMER_KEYS = frozenset({
-    "ci_test",  # examples/multi_turn_tcod/metrics.py
-    "moe_router_topk",  # slime/utils/types.py (routed experts)
-    "use_rollout_routing_replay",  # examples/multi_turn_tcod/rollout.py
-})
-CLOSE_MATCH_CUTOFF = 0.85
+from slime.arguments.argument_error import fail as _fail
 
 
-def _one_edit_apart(a: str, b: str) -> bool:
-    """One insertion, deletion, substitution or swap of neighbours turns ``a`` into ``b``."""
-    if a == b or abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        diff = [i for i in range(len(a)) if a[i] != b[i]]
-        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
-                                  and a[diff[1]] == b[diff[0]])
-    short, long_ = sorted((a, b), key=len)
-    i = next((k for k in range(len(short)) if short[k] != long_[k]), len(short))
-    return short[i:] == long_[i + 1:]
+def apply_custom_config(args, parser=None, argv=None) -> list[str]:
+    """Set every key of the ``--custom-config-path`` YAML on ``args`` (upstream's semantics); returns one line
+    per flag given on the command line that a key overrides.
 
-
-def nearest_key(key: str, known) -> str | None:
-    close = sorted(k for k in known if _one_edit_apart(key, k))
-    if close:
-        return close[0]
-    match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=CLOSE_MATCH_CUTOFF)
-    return match[0] if match else None
-
-
-def known_keys(args, yaml_keys) -> set[str]:
-    """Flag dests (this parser's, and custom flags: attributes of args the YAML did not set) + consumers'."""
-    from slime.utils.arguments import get_parser
-
-    dests = {action.dest for action in get_parser()._actions}
-    return dests | CONSUMER_KEYS | (set(vars(args)) - set(yaml_keys))
-
-
-def config_key_warnings(args) -> list[str]:
-    path = getattr(args, "custom_config_path", None)
-    if not path:
+    With the ``parser`` (``parse_args`` passes it), a key that names a flag takes that flag's type or is
+    refused, and ``argv`` tells which flags the user typed. Applied once: validation calls it again."""
+    if not args.custom_config_path or getattr(args, "_custom_config_applied", False):
         return []
     import yaml
 
-    with open(path, encoding="utf-8") as handle:  # validate_args has read and applied it already
-        data = yaml.safe_load(handle) or {}
-    keys = [str(key).replace("-", "_") for key in data]
-    known = known_keys(args, keys)
-    notes = []
-    for key in keys:
-        if key not in known and (meant := nearest_key(key, known)):
-            notes.append(f"warning: --custom-config-path key {key!r} is read by nothing; did you mean {meant!r}?")
-    return notes
+    path = Path(args.custom_config_path)
+    if not path.is_file():
+        _fail(f"--custom-config-path {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        _fail(f"--custom-config-path {path}: not valid YAML ({str(err).splitlines()[0]})")
+    if not isinstance(data, dict):
+        _fail(f"--custom-config-path {path}: the YAML must be a mapping of argument names to values")
+    actions = flag_actions(parser) if parser is not None else {}
+    given = given_on_command_line(parser, argv) if parser is not None else {}
+    overrides = []
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in actions:
+            try:
+                value = typed_value(actions[name], value, str(key))
+            except ValueError as err:
+                _fail(f"--custom-config-path {path}: {err}")
+        if name in given and getattr(args, name, None) != value:
+            overrides.append(f"--custom-config-path {path}: {key}: {value!r} overrides {given[name]} "
+                             f"{getattr(args, name)!r} given on the command line (the YAML wins, as in slime)")
+        setattr(args, name, value)
+    args._custom_config_applied = parser is not None
+    return overrides
 
 
 def flag_actions(parser) -> dict:

@@ -2,7 +2,7 @@
 
 The trainers build the model from the ``--hf-checkpoint`` config; the flags, when a script passes them,
 must describe the same model. Pure functions over ``args`` and the config dict, used by the start-up
-checks (``slime.utils.preflight``), the ``--dry-run`` plan and the trainer alike.
+checks (``slime.launch.preflight``), the ``--dry-run`` plan and the trainer alike.
 
 Flags are read as Megatron reads them: a value flag (``--hidden-size``) is compared when given; a switch
 (``--swiglu``, ``--qk-layernorm``, ``--disable-bias-linear`` ...) is compared whenever any shape flag is

@@ -1,8 +1,8 @@
-"""``--load``: say what is resumed, and refuse a resume whose flags would change what the run means.
+"""``--load``: what a resume resumes, and the refusal of a resume whose flags would change what the run means.
 
-``check_launch`` calls :func:`check_resume`, so this runs before Ray and under ``--dry-run`` too. Every
-checkpoint holds the run's flags (``run_config.json``, see :func:`run_config`); a resume compares them
-with the new run's:
+``slime.launch`` calls :func:`check_resume` before Ray, ``--dry-run`` included, and prints its lines
+(``slime.launch.resume_notes``). Every checkpoint holds the run's flags (``run_config.json``,
+``slime.checkpoint.run_config``); a resume compares them with the new run's:
 
 * flags that define the run (TCOD's curriculum, ``max_turns``, batch sizes, the algorithm) and the
   model's shape (the checkpoint's ``model/hf/config.json`` against the new ``--hf-checkpoint``'s) must
@@ -13,23 +13,20 @@ with the new run's:
   (``model/optimizer/meta.json``); a change needs Megatron-LM's ``--override-opt_param-scheduler`` (the
   new values replace the restored ones) or ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win);
 * everything else (``--num-rollout``, intervals, paths, logging) may change freely.
-
-The notes returned (the resume line first) are printed by ``train.py`` before Ray, or with the plan.
 """
 
 from __future__ import annotations
 
-import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
-from slime.utils.argument_error import ArgumentError
-from slime.utils.checkpoint_files import CheckpointError, read_json
+from slime.arguments.argument_error import ArgumentError
+from slime.checkpoint.files import CheckpointError, read_json
+from slime.checkpoint.layout import find_checkpoint, holds_checkpoint
+from slime.checkpoint.run_config import RUN_CONFIG
+from slime.utils.hf_config import read_config
 
-# slime.utils.checkpoint (torch, safetensors) is imported where a --load needs it: a plan stays light.
-RUN_CONFIG = "run_config.json"
-
-FORMAT = 1
 OVERRIDE = "--override-opt_param-scheduler"
 KEEP = "--use-checkpoint-opt_param-scheduler"
 # Flags that define the run: (attribute, flag). max_turns may come from the --custom-config-path YAML.
@@ -53,28 +50,11 @@ MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_h
               "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings")
 
 
-def run_config(args) -> dict:
-    """What ``run_config.json`` records: every flag that JSON can hold, and the starting model's config."""
-    from slime.utils.memory_plan import read_config
-
-    flags = {}
-    for name, value in vars(args).items():
-        if name.startswith("_"):  # this module's memo, not a flag
-            continue
-        try:
-            flags[name] = json.loads(json.dumps(value))
-        except (TypeError, ValueError):
-            continue  # objects the runtime attached (engine limits ...): not flags
-    return {"format": FORMAT, "args": flags, "model_config": read_config(args.hf_checkpoint)}
-
-
 def checkpoint_to_resume(args, verify: bool = True) -> Path | None:
     """The iteration ``--load`` resumes (None: nothing to resume). Verified once per run: preflight and
     this module share the result, so the checksums are hashed once and both name the same iteration."""
     if verify and hasattr(args, "_resume_folder"):
         return args._resume_folder
-    from slime.utils.checkpoint import find_checkpoint, holds_checkpoint
-
     folder = None
     if args.load and holds_checkpoint(args.load):
         try:
@@ -86,14 +66,24 @@ def checkpoint_to_resume(args, verify: bool = True) -> Path | None:
     return folder
 
 
-def check_resume(args) -> list[str]:
-    """Refuse (``ArgumentError``, one line) a resume that changes the run; returns the lines to print."""
+@dataclass
+class Resume:
+    """What a ``--load`` resumes, once :func:`check_resume` has accepted it."""
+
+    folder: Path  # the iteration folder
+    step: int  # its rollout id: the run goes on at step + 1
+    optimizer: list  # (flag, checkpoint's value, this run's) the optimizer flags allow to differ
+    has_run_config: bool  # False: written before run_config.json existed, so no flags were compared
+
+
+def check_resume(args) -> Resume | None:
+    """Refuse (``ArgumentError``, one line) a resume that changes the run; None when there is nothing to resume."""
     if not args.load:
-        return []
+        return None
     # A plan may be printed where the checkpoints are not: the real run verifies them (preflight).
     folder = checkpoint_to_resume(args, verify=not args.dry_run)
     if folder is None:
-        return [f"--load {args.load} holds no checkpoint yet: starting from step 0"]
+        return None
     try:
         step = int(read_json(folder / "trainer_state.json")["rollout_id"])
         saved = read_json(folder / RUN_CONFIG) if (folder / RUN_CONFIG).is_file() else None
@@ -108,36 +98,12 @@ def check_resume(args) -> list[str]:
         problems.append("this run changes what the checkpoint's run means: " + ", ".join(changed) +
                         " (start a new --save folder, or restore the flags)")
     if optimizer and not (args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler):
-        problems.append("the optimizer's settings change: " + ", ".join(_arrow(*c) for c in optimizer) +
+        problems.append("the optimizer's settings change: " + ", ".join(arrow(*c) for c in optimizer) +
                         f", but the checkpoint's optimizer state would keep its own; pass {OVERRIDE} to train "
                         f"with this run's values, or {KEEP} to keep the checkpoint's")
     if problems:
         raise ArgumentError(f"--load {args.load}: " + "; ".join(problems))
-    notes = [resume_line(args, folder, step)]
-    if optimizer and args.override_opt_param_scheduler:
-        notes.append(f"{OVERRIDE}: the restored optimizer takes this run's settings: "
-                     + ", ".join(_arrow(*c) for c in optimizer))
-    elif optimizer:
-        notes.append(f"{KEEP}: the checkpoint's optimizer settings are kept: "
-                     + ", ".join(f"{flag} {_show(old)} (this run's {_show(new)} is ignored)"
-                                 for flag, old, new in optimizer))
-    if saved is None:
-        notes.append(f"--load {args.load}: {folder.name} has no {RUN_CONFIG} (written before run configurations "
-                     "were saved): its flags could not be compared with this run's")
-    return notes
-
-
-def resume_line(args, folder: Path, step: int) -> str:
-    where = folder if Path(args.load).resolve() == folder.resolve() else f"{args.load} ({folder.name})"
-    line = f"resuming from iteration {step} of {where}: the next rollout step is {step + 1}"
-    if step + 1 >= args.num_rollout:
-        return line + f", but --num-rollout {args.num_rollout} ends before it: nothing is left to train"
-    if args.use_tcod:
-        from slime.rollout.tcod import curriculum_depth
-
-        depth = curriculum_depth(step + 1, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
-        line += f"; the TCOD curriculum continues at depth k({step + 1}) = {depth}"
-    return line
+    return Resume(folder=folder, step=step, optimizer=optimizer, has_run_config=saved is not None)
 
 
 def flag_changes(saved: dict, args) -> list[str]:
@@ -147,19 +113,17 @@ def flag_changes(saved: dict, args) -> list[str]:
     if saved.get("use_tcod") and args.use_tcod:
         pairs += TCOD_FLAGS
         pairs += B2F_FLAGS if saved.get("tcod_mode") == args.tcod_mode == "b2f" else ()
-    return [_arrow(flag, saved[name], getattr(args, name, None)) for name, flag in pairs
+    return [arrow(flag, saved[name], getattr(args, name, None)) for name, flag in pairs
             if name in saved and not _same(saved[name], getattr(args, name, None))]
 
 
 def model_changes(saved_config: dict | None, args) -> list[str]:
     """The shape keys in which ``--hf-checkpoint``'s config.json differs from the checkpoint's model."""
-    from slime.utils.memory_plan import read_config
-
     new_config = read_config(args.hf_checkpoint)
     if not saved_config or not new_config:
         return []  # a plan printed where the model is not
     old, new = saved_config.get("text_config") or saved_config, new_config.get("text_config") or new_config
-    diffs = [f"{key} {_show(old[key])} -> {_show(new[key])}" for key in MODEL_KEYS
+    diffs = [f"{key} {show(old[key])} -> {show(new[key])}" for key in MODEL_KEYS
              if key in old and key in new and not _same(old[key], new[key])]
     if not diffs:
         return []
@@ -200,8 +164,6 @@ def _saved_param_group(folder: Path) -> dict | None:
 
 def _saved_model_config(folder: Path, saved: dict | None) -> dict | None:
     """The policy the checkpoint holds (its HF export), else the model its run started from."""
-    from slime.utils.memory_plan import read_config
-
     return read_config(str(folder / "model" / "hf")) or (saved or {}).get("model_config")
 
 
@@ -215,11 +177,11 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _show(value) -> str:
+def show(value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return "unset" if value is None else str(value)
 
 
-def _arrow(flag: str, old, new) -> str:
-    return f"{flag} {_show(old)} -> {_show(new)}"
+def arrow(flag: str, old, new) -> str:
+    return f"{flag} {show(old)} -> {show(new)}"

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 
-from slime.utils.argument_error import ArgumentError
-from slime.utils.config_keys import config_key_warnings
-from slime.utils.data_overlap import overlap_warnings
-from slime.utils.output_paths import check_fresh_outputs, check_output_dirs
-from slime.utils.plugin_paths import check_plugin_paths, raised_at_import
-from slime.utils.resume_checks import check_resume
-from slime.utils.task_envs import check_task_envs
-from slime.utils.url_checks import check_rm_url, unused_rm_url_notes
+from slime.arguments.argument_error import ArgumentError
+from slime.launch.config_keys import config_key_warnings
+from slime.launch.data_overlap import overlap_warnings
+from slime.launch.output_paths import check_fresh_outputs, check_output_dirs
+from slime.launch.plugin_paths import check_plugin_paths, raised_at_import
+from slime.launch.resume_notes import resume_notes
+from slime.launch.task_envs import check_task_envs
+from slime.launch.url_checks import check_rm_url, unused_rm_url_notes
 
 # The hooks that turn a server teacher's replies into the OPD term (upstream's OPD example uses the same).
 SERVER_TEACHER_HOOKS = {
@@ -58,7 +58,7 @@ def check_launch(args) -> list[str]:
     check_task_envs(args, data_files(args))
     notes += overlap_warnings(args)
     _check_expert_prefix(args, train_data)
-    notes += check_resume(args)
+    notes += resume_notes(args)
     return notes + budget_warnings(args)
 
 
@@ -222,7 +222,7 @@ def budget_warnings(args) -> list[str]:
     if context is not None and context <= budget:
         notes.append(f"warning: --rollout-max-context-len {context} is not more than --rollout-max-response-len "
                      f"{budget}: prompt and response share {context} tokens, so the response budget is never reached")
-    from slime.utils.memory_plan import read_config
+    from slime.utils.hf_config import read_config
 
     config = read_config(args.model_config_json or args.hf_checkpoint) or {}
     positions = (config.get("text_config") or config).get("max_position_embeddings")

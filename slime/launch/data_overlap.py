@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from slime.utils.task_rows import metadata_of, rows
+from slime.launch.task_rows import metadata_of, rows
 
 
 def task_id(row: dict, args) -> str:

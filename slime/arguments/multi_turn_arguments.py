@@ -9,9 +9,9 @@ the same YAML with the same semantics (a key in the YAML overrides the flag).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from slime.utils.argument_error import fail as _fail
+from slime.arguments.argument_error import fail as _fail
+from slime.arguments.custom_config import apply_custom_config
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args
 
 DEFAULT_ENV_STEP_TIMEOUT = 300.0
@@ -68,7 +68,7 @@ def validate_prefix_source(args) -> None:
             _fail("--tcod-prefix-source teacher needs a teacher server that can generate: --opd-type sglang with "
                   "--rm-url (an in-trainer teacher, --opd-type megatron, only scores)")
         # The example's agent loop takes its prefix source as a parameter; the teacher's is this runtime's
-        # wrapper of it. Unset, the agent loop is what launch_checks would default to.
+        # wrapper of it. Unset, the agent loop is what slime.launch.checks would default to.
         chosen = args.custom_generate_function_path
         if chosen not in (None, EXAMPLE_GENERATE, TEACHER_PREFIX_GENERATE):
             _fail(f"--tcod-prefix-source teacher plays episodes through {TEACHER_PREFIX_GENERATE} (the example's "
@@ -81,45 +81,6 @@ def validate_prefix_source(args) -> None:
                 "--tcod-prefix-source teacher: --custom-generate-function-path %s (was %s)",
                 TEACHER_PREFIX_GENERATE, chosen)
             args.custom_generate_function_path = TEACHER_PREFIX_GENERATE
-
-
-def apply_custom_config(args, parser=None, argv=None) -> list[str]:
-    """Set every key of the ``--custom-config-path`` YAML on ``args`` (upstream's semantics); returns one line
-    per flag given on the command line that a key overrides.
-
-    With the ``parser`` (``parse_args`` passes it), a key that names a flag takes that flag's type or is
-    refused, and ``argv`` tells which flags the user typed. Applied once: validation calls it again."""
-    if not args.custom_config_path or getattr(args, "_custom_config_applied", False):
-        return []
-    import yaml
-
-    from slime.utils.config_keys import flag_actions, given_on_command_line, typed_value
-
-    path = Path(args.custom_config_path)
-    if not path.is_file():
-        _fail(f"--custom-config-path {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        _fail(f"--custom-config-path {path}: not valid YAML ({str(err).splitlines()[0]})")
-    if not isinstance(data, dict):
-        _fail(f"--custom-config-path {path}: the YAML must be a mapping of argument names to values")
-    actions = flag_actions(parser) if parser is not None else {}
-    given = given_on_command_line(parser, argv) if parser is not None else {}
-    overrides = []
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name in actions:
-            try:
-                value = typed_value(actions[name], value, str(key))
-            except ValueError as err:
-                _fail(f"--custom-config-path {path}: {err}")
-        if name in given and getattr(args, name, None) != value:
-            overrides.append(f"--custom-config-path {path}: {key}: {value!r} overrides {given[name]} "
-                             f"{getattr(args, name)!r} given on the command line (the YAML wins, as in slime)")
-        setattr(args, name, value)
-    args._custom_config_applied = parser is not None
-    return overrides
 
 
 def validate_multi_turn_args(args) -> None:

@@ -8,12 +8,12 @@ others are not checked.
 
 from __future__ import annotations
 
-from slime.utils.argument_error import ArgumentError
-from slime.utils.task_rows import metadata_of, rows
+from slime.arguments.argument_error import ArgumentError
+from slime.launch.task_rows import metadata_of, rows
 
 
 def check_task_envs(args, files) -> None:
-    """``files``: (flag, path) of every prompt file (``launch_checks.data_files``)."""
+    """``files``: (flag, path) of every prompt file (``checks.data_files``)."""
     path = getattr(args, "rollout_interaction_env_path", None)
     if not path:
         return

@@ -22,12 +22,12 @@ transformers versions for a few ordinary tokens, so there a handful of differing
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 
 from slime.utils import http_utils
+from slime.utils.hf_config import config_field
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +45,6 @@ def vocab_difference(student_vocab: dict, other_vocab: dict) -> list | None:
     if student_vocab == other_vocab:
         return None
     return sorted(set(other_vocab.items()) ^ set(student_vocab.items()))[:5]
-
-
-def config_field(folder: str | None, key: str) -> int | None:
-    """An integer field of a HF folder's config.json (or of its ``text_config``), when the folder is readable here."""
-    if not folder or not os.path.isfile(os.path.join(folder, "config.json")):
-        return None
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
-        config = json.load(handle)
-    value = config.get(key, (config.get("text_config") or {}).get(key))
-    return int(value) if value is not None else None
 
 
 def model_vocab_size(folder: str | None) -> int | None:

@@ -1,6 +1,6 @@
 """Upstream slime's Megatron flags (model shape, parallel sizes, numerics, optimizer) and their validation.
 
-Split from ``arguments.py``, which adds this group to the parser and calls :func:`validate_megatron_args`
+Split from ``slime/utils/arguments.py``, which adds this group to the parser and calls :func:`validate_megatron_args`
 from ``validate_args``. Flags are spelled and stored as Megatron-LM does; docs/en/megatron_backend.md
 says what each does here and which values are refused.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import warnings
 
-from slime.utils.argument_error import fail
-from slime.utils.megatron_shape import tp_divisibility_error
+from slime.arguments.argument_error import fail
+from slime.arguments.megatron_shape import tp_divisibility_error
 
 
 # What the runtime does with a flag it accepts only so that upstream's launch scripts run unchanged.
@@ -37,7 +37,7 @@ def add_megatron_arguments(parser):
 
     Model-shape flags describe the model as upstream's ``scripts/models/*.sh`` do; the trainers build the
     model from the ``--hf-checkpoint`` config and start-up checks that the flags agree with it
-    (``slime/utils/megatron_shape.py``). Value flags default to None ("not given"); see
+    (``slime/arguments/megatron_shape.py``). Value flags default to None ("not given"); see
     docs/en/megatron_backend.md for what each flag does here and which values are refused.
     """
     g = parser.add_argument_group(

@@ -1,7 +1,7 @@
 """The algorithm side of the command line: loss and estimator, optimizer, on-policy distillation and the
 reward-side KL controller, with their validation.
 
-Split from ``arguments.py``, which adds these groups to the parser (in slime's order) and calls
+Split from ``slime/utils/arguments.py``, which adds these groups to the parser (in slime's order) and calls
 :func:`validate_opd_args` and :func:`validate_kl_args` from ``validate_args``; every name here is importable from
 ``slime.utils.arguments`` too.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from slime.utils.argument_error import fail as _fail
+from slime.arguments.argument_error import fail as _fail
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 # Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.

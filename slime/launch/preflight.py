@@ -12,7 +12,7 @@ start-up, engine loads, or 55 s of retrying a model hub this project never downl
 * the teacher and the reference share the policy's tokenizer and model vocabulary (a teacher server
   is asked at ``--rm-url``);
 * prompt files (``--prompt-data``, ``--eval-prompt-data``) exist and parse, errors as ``file:line``;
-* ``--load`` holds an intact checkpoint (checksums verified; see ``slime.utils.checkpoint``), or
+* ``--load`` holds an intact checkpoint (checksums verified; see ``slime.checkpoint.driver``), or
   nothing yet (a missing or empty folder: the run starts from step 0).
 
 Every failure is an :class:`ArgumentError` naming the flag.
@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime.ray.failures import who_is
 from slime.utils.arguments import ArgumentError
-from slime.utils.failures import who_is
 from slime.utils.http_utils import HTTPRequestError
 
 
@@ -90,8 +90,8 @@ def check_model_folders(args) -> set[str]:
 
 def check_model_shape(args) -> None:
     """Upstream's model-shape flags against ``--hf-checkpoint``'s config.json, and the heads against TP."""
-    from slime.utils.megatron_shape import shape_mismatches, tp_divisibility_error
-    from slime.utils.memory_plan import read_config
+    from slime.arguments.megatron_shape import shape_mismatches, tp_divisibility_error
+    from slime.utils.hf_config import read_config
 
     config = read_config(args.hf_checkpoint)  # check_model_folders found it
     source = f"--hf-checkpoint {os.path.join(args.hf_checkpoint, 'config.json')}"
@@ -105,8 +105,8 @@ def check_model_shape(args) -> None:
 
 
 def check_data(args, tokenizer) -> None:
+    from slime.launch.checks import data_files
     from slime.utils.data import Dataset, DataError
-    from slime.utils.launch_checks import data_files
 
     for flag, path in data_files(args):
         try:
@@ -118,7 +118,7 @@ def check_data(args, tokenizer) -> None:
 
 def check_vocabularies(args, tokenizer, skip: set[str] = frozenset()) -> None:
     """``skip``: flags whose folder is a Megatron checkpoint (no tokenizer or config.json to compare)."""
-    from slime.utils import teacher_vocab
+    from slime.backends import teacher_vocab
 
     policy_vocab = tokenizer.get_vocab()
     local = [("--ref-load", args.ref_load)]
@@ -146,6 +146,6 @@ def check_vocabularies(args, tokenizer, skip: set[str] = frozenset()) -> None:
 def resolve_load(args) -> Path | None:
     """The verified iteration to resume; None without --load or when its folder holds none yet (the
     resume checks of ``check_launch`` found it already in a real run)."""
-    from slime.utils.resume_checks import checkpoint_to_resume
+    from slime.checkpoint.resume import checkpoint_to_resume
 
     return checkpoint_to_resume(args, verify=True)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slime.utils.argument_error import ArgumentError
+from slime.arguments.argument_error import ArgumentError
+from slime.checkpoint.layout import holds_checkpoint
 
 OUTPUT_FLAGS = (("save", "--save"), ("metrics_dir", "--metrics-dir"))
 
@@ -55,8 +56,6 @@ def _resumes(folder, load) -> bool:
 
 def _holds_run(folder: Path) -> str | None:
     """What in ``folder`` belongs to an earlier run (a checkpoint, metrics rows), or None."""
-    from slime.utils.checkpoint import holds_checkpoint
-
     if not folder.is_dir():
         return None
     if holds_checkpoint(folder):
