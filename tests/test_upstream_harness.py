@@ -224,7 +224,7 @@ def test_caps_fail_when_exceeded_and_counts_are_printed(tmp_path, capsys, monkey
                                             "slime/rollout/tcod.py": "y = 2\n" * 151})
     monkeypatch.setattr(verify_pr, "FAILED", [])
     monkeypatch.setattr(verify_pr, "missing_linters", lambda: [])
-    monkeypatch.setattr(verify_pr, "lint", lambda files: [])
+    monkeypatch.setattr(verify_pr, "lint", lambda files, settings: [])
     monkeypatch.setattr(manifest, "TEST_FILES", ())
     assert verify_pr.main([str(pristine), str(ported)]) == 1
     out = capsys.readouterr().out

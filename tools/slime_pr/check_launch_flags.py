@@ -1,24 +1,15 @@
-"""Check with upstream slime's own parsers every flag the PR's launch script and GPU e2e test hand train.py.
+"""Check with upstream slime's own parsers every flag the TCOD PR's launch script and GPU e2e test hand train.py.
 
     python tools/slime_pr/check_launch_flags.py PORTED_SLIME_DIR --megatron-dir DIR [--sglang-server-args WHEEL]
 
-Upstream parses with ``parse_known_args``: a misspelt or removed flag is dropped without a word, so a
-launch line can look right and do something else. On CPU, for each launch (the script in both TCOD modes
-on both environments, the test in its four runs) this
-
-(a) takes the argument list: the script runs with stand-ins for ``python3``, ``ray``, ``curl``,
-    ``nvidia-smi`` and ``sleep`` on PATH that record their argv; the test runs with ``U.execute_train``
-    recording ``train_args`` (plus the ``MODEL_ARGS`` it would source);
-(b) reports every ``--flag`` that none of the parsers upstream's ``parse_args`` builds defines (Megatron-LM's
-    ``add_megatron_arguments``, slime's ``get_slime_extra_args_provider`` groups, the ``--sglang-*``
-    passthrough of SGLang's ``ServerArgs``, the pre-parse flags), and flags given twice;
-(c) runs upstream's ``slime.utils.arguments.parse_args`` on it, so ``slime_validate_args`` (with the
-    ``--custom-config-path`` YAML) and the Megatron and SGLang validations run; checkpoint paths that
-    upstream requires to exist and that are absent here are swapped for empty temp dirs;
-(d) imports every dotted plugin path of the parsed arguments with upstream's ``load_function``, and the
-    ``rollout_interaction_env_path`` module (it must expose ``build_env``).
-
-One line per problem, exit 1 on any. No network at run time:
+Upstream parses with ``parse_known_args``: a misspelt or removed flag is dropped without a word. For each launch (the
+script in both TCOD modes, the test in each CI configuration; launch_capture.py records their argument lists) this
+reports every ``--flag`` that none of the parsers upstream's ``parse_args`` builds defines (Megatron-LM's, slime's
+groups, the ``--sglang-*`` passthrough of SGLang's ``ServerArgs``, the pre-parse flags) and flags given twice; runs
+upstream's ``parse_args`` on it, so ``slime_validate_args`` (with the ``--custom-config-path`` YAML) and the Megatron
+and SGLang validations run (checkpoints upstream requires to exist are swapped for empty temp dirs); and imports
+every dotted plugin path of the parsed arguments with upstream's ``load_function`` (the ``rollout_interaction_env_path``
+module must expose ``build_env``). One line per problem, exit 1 on any. No network at run time:
 
 * DIR: Megatron-LM at upstream's ``ARG MEGATRON_COMMIT`` (docker/Dockerfile) with upstream's patch::
 
@@ -27,8 +18,7 @@ One line per problem, exit 1 on any. No network at run time:
 
   It imports on CPU: ``triton`` (and ``six``, ``wandb`` when absent) are stood in for here.
 * WHEEL: ``pip download --no-deps sglang==0.5.15.post1`` (the SGLang of upstream's image tag; its
-  ``sglang/srt/server_args.py`` is read, never imported), or that file itself. Without it only the
-  ``--sglang-*`` flags in ``SGLANG_FALLBACK`` are known.
+  ``sglang/srt/server_args.py`` is read, never imported), or that file. Without it only ``SGLANG_FALLBACK`` is known.
 """
 
 from __future__ import annotations
@@ -50,19 +40,8 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch_capture import (  # noqa: E402
-    DOTTED,
-    E2E_TEST,
-    MUST_EXIST,
-    SCRIPT,
-    SCRIPT_RUNS,  # noqa: F401 - re-exported for the tests
-    SGLANG_FALLBACK,
-    TEST_RUNS,  # noqa: F401 - re-exported for the tests
-    Launch,
-    flags_of,
-    script_launches,
-    test_launches,
-)
+from launch_capture import DOTTED, E2E_TEST, MUST_EXIST, SCRIPT, SGLANG_FALLBACK, Launch, flags_of  # noqa: E402
+from launch_capture import SCRIPT_RUNS, TEST_RUNS, script_launches, test_launches  # noqa: E402, F401 - tests read them
 
 
 # --------------------------------------------------------------------------- upstream, importable on CPU

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Upstream slime's own CPU tests and plugin contracts, run on the TCOD PR's ported tree (verify.sh's step 3).
+"""Upstream slime's own CPU tests and plugin contracts, run on the TCOD PR's ported tree (verify.sh's step 2).
 
     python tools/slime_pr/contracts.py deps --tree PRISTINE [--no-install]
     python tools/slime_pr/contracts.py matrix --pristine P --ported Q --work W [--summary FILE]
@@ -8,18 +8,9 @@
 ``UPSTREAM_TESTS`` (tests/test_sample.py, tests/test_rollout_metrics.py, tests/test_megatron_argument_validation.py:
 ``slime_validate_args``, and tests/plugin_contracts/) on both trees. On ``ported/`` the ``SLIME_CONTRACT_*``
 variables point at the PR's hooks; on ``pristine/`` at upstream's own counterpart of each hook (``HOOKS``). Every
-test gets a verdict:
-
-* PASS         passes on the ported tree with our hook;
-* FAIL-SHARED  fails with our hook, and upstream's own counterpart fails it too, at the same point of the test or
-               earlier (so the contract asks for something upstream's own hooks of that kind do not do either);
-* FAIL-OURS    fails with our hook where upstream's counterpart passes, or stops at an earlier point of the test
-               than upstream's counterpart does (an import error, a signature mismatch...): a real problem;
-* FAIL-BOTH    a test without a hook that fails on the pristine tree too (an environment problem; still a failure).
-
-Exit status 1 on any FAIL-OURS or FAIL-BOTH, or if a hook's contract test is missing upstream. The internal
-``_pytest --results JSON -- PYTEST_ARGS`` step is one recorded pytest session in the current directory (a tree).
-Nothing here modifies the trees except through the tests themselves (caches, ``__pycache__``).
+test gets a verdict (``LEGEND``; a FAIL-SHARED test asks for something upstream's own hooks of that kind do not do
+either). Exit status 1 on any FAIL-OURS or FAIL-BOTH, or if a hook's contract test is missing upstream. The internal
+``_pytest --results JSON -- PYTEST_ARGS`` is one recorded pytest session in the current directory (a tree).
 """
 
 from __future__ import annotations
@@ -45,8 +36,6 @@ except ImportError:  # run as a script from this folder
 GENERATE = "tests/plugin_contracts/test_plugin_generate_contracts.py"
 PATH_LOADING = "tests/plugin_contracts/test_plugin_path_loading_contracts.py"
 RUNTIME_HOOK = "tests/plugin_contracts/test_plugin_runtime_hook_contracts.py"
-
-
 OPD_RM = "slime.rollout.on_policy_distillation.reward_func"
 OPD_POST = "slime.rollout.on_policy_distillation.post_process_rewards"
 
@@ -63,72 +52,59 @@ class Hook:
     suffix: str = ""  # distinguishes a second run of the same test id
 
 
+GEO3K = "examples.geo3k_vlm_multi_turn.rollout.generate"
 HOOKS = [
-    Hook(
-        "CUSTOM_GENERATE_FUNCTION_PATH",
-        "examples.multi_turn_tcod.rollout.generate",
-        "examples.geo3k_vlm_multi_turn.rollout.generate",
-        "examples.geo3k_vlm_multi_turn.rollout.generate",
-        f"{GENERATE}::test_custom_generate_function_path_supports_user_override",
-        "the contract calls generate with a bare Args (none of the hook's own flags) and no engine to talk "
-        "to; upstream's own multi-turn generate (geo3k) needs both too",
-    ),
-    Hook(
-        "CUSTOM_RM_PATH",
-        OPD_RM,
-        OPD_RM,
-        f"{OPD_RM} (upstream's file)",
-        f"{PATH_LOADING}::test_custom_rm_path_aligns_with_expected_format",
-        "an OPD reward is the teacher's scored reply, which needs a teacher server (--rm-url); upstream's own "
-        "OPD reward_func cannot return a float without one either",
-    ),
-    Hook(
-        "CUSTOM_RM_PATH",
-        OPD_RM,
-        OPD_RM,
-        f"{OPD_RM} (upstream's file)",
-        f"{PATH_LOADING}::test_custom_rm_path_aligns_with_expected_format",
-        "with GROUP_RM the contract wants parameters (args, samples); OPD's reward_func is per sample "
-        "(args, sample, **kwargs) in upstream as here, and needs a teacher server to score anything",
-        extra_env=(("GROUP_RM", "1"),),
-        suffix=" [GROUP_RM=1]",
-    ),
-    Hook(
-        "CUSTOM_REWARD_POST_PROCESS_PATH",
-        OPD_POST,
-        OPD_POST,
-        f"{OPD_POST} (upstream's file)",
-        f"{RUNTIME_HOOK}::test_runtime_hook_path_aligns_with_expected_format[custom_reward_post_process]",
-        "the contract wants exactly (args, samples) and float rewards in the samples; OPD's post-process "
-        "takes **kwargs like upstream's own, and expects teacher replies in sample.reward",
-    ),
+    Hook("CUSTOM_GENERATE_FUNCTION_PATH", "examples.multi_turn_tcod.rollout.generate", GEO3K, GEO3K,
+         f"{GENERATE}::test_custom_generate_function_path_supports_user_override",
+         "the contract calls generate with a bare Args (none of the hook's own flags) and no engine to talk "
+         "to; upstream's own multi-turn generate (geo3k) needs both too"),
+    Hook("CUSTOM_RM_PATH", OPD_RM, OPD_RM, f"{OPD_RM} (upstream's file)",
+         f"{PATH_LOADING}::test_custom_rm_path_aligns_with_expected_format",
+         "an OPD reward is the teacher's scored reply, which needs a teacher server (--rm-url); upstream's own "
+         "OPD reward_func cannot return a float without one either"),
+    Hook("CUSTOM_RM_PATH", OPD_RM, OPD_RM, f"{OPD_RM} (upstream's file)",
+         f"{PATH_LOADING}::test_custom_rm_path_aligns_with_expected_format",
+         "with GROUP_RM the contract wants parameters (args, samples); OPD's reward_func is per sample "
+         "(args, sample, **kwargs) in upstream as here, and needs a teacher server to score anything",
+         extra_env=(("GROUP_RM", "1"),), suffix=" [GROUP_RM=1]"),
+    Hook("CUSTOM_REWARD_POST_PROCESS_PATH", OPD_POST, OPD_POST, f"{OPD_POST} (upstream's file)",
+         f"{RUNTIME_HOOK}::test_runtime_hook_path_aligns_with_expected_format[custom_reward_post_process]",
+         "the contract wants exactly (args, samples) and float rewards in the samples; OPD's post-process "
+         "takes **kwargs like upstream's own, and expects teacher replies in sample.reward"),
 ]
 
 # The other SLIME_CONTRACT_* keys upstream's contract files read: this contribution has no hook for them,
 # so they stay unset and those tests check upstream's own reference hooks on both trees. The PR has no
 # rollout or eval function of its own: upstream's default generate_rollout calls its agent loop.
-OTHER_CONTRACT_KEYS = ("ROLLOUT_FUNCTION_PATH", "EVAL_FUNCTION_PATH", "DYNAMIC_SAMPLING_FILTER_PATH", "BUFFER_FILTER_PATH", "DATA_SOURCE_PATH",
-                       "ROLLOUT_SAMPLE_FILTER_PATH", "ROLLOUT_ALL_SAMPLES_PROCESS_PATH",
-                       "CUSTOM_ROLLOUT_LOG_FUNCTION_PATH", "CUSTOM_EVAL_ROLLOUT_LOG_FUNCTION_PATH",
-                       "CUSTOM_CONVERT_SAMPLES_TO_TRAIN_DATA_PATH", "ROLLOUT_DATA_POSTPROCESS_PATH")
+OTHER_CONTRACT_KEYS = ("ROLLOUT_FUNCTION_PATH", "EVAL_FUNCTION_PATH", "DYNAMIC_SAMPLING_FILTER_PATH",
+                       "BUFFER_FILTER_PATH", "DATA_SOURCE_PATH", "ROLLOUT_SAMPLE_FILTER_PATH",
+                       "ROLLOUT_ALL_SAMPLES_PROCESS_PATH", "CUSTOM_ROLLOUT_LOG_FUNCTION_PATH",
+                       "CUSTOM_EVAL_ROLLOUT_LOG_FUNCTION_PATH", "CUSTOM_CONVERT_SAMPLES_TO_TRAIN_DATA_PATH",
+                       "ROLLOUT_DATA_POSTPROCESS_PATH")
 
 
 # ---------------------------------------------------------------------------- the matrix
+LEGEND = """\
+PASS         passes on the ported tree (with our hook where the test has one)
+FAIL-SHARED  upstream's own counterpart fails it too, and ours gets at least as far into the test
+FAIL-OURS    upstream's own passes, or ours stops at an earlier point of the test: a real problem
+FAIL-BOTH    a test without a hook that fails on the pristine tree too (environment); still a failure"""
+
+
 def _run_recorded(tree: Path, results: Path, log: Path, env_vars: dict[str, str], pytest_args: list[str],
                   timeout: int) -> dict:
     env = tree_env(tree, {ENV_PREFIX + k: v for k, v in env_vars.items()})
     args = ["-p", "no:cacheprovider", "-rfE", "--tb=short", "--continue-on-collection-errors"]
     if has_module("pytest_timeout"):
         args += ["--timeout", str(max(30, timeout // 2))]
-    cmd = [sys.executable, str(Path(__file__).resolve()), "_pytest", "--results", str(results)]
-    cmd += ["--", *args, *pytest_args]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_pytest", "--results", str(results), "--", *args,
+           *pytest_args]
     with open(log, "w") as fh:
         fh.write("env: " + " ".join(f"{ENV_PREFIX}{k}={v}" for k, v in env_vars.items()) + "\n")
         fh.write("cmd: " + " ".join(cmd) + f"\ncwd: {tree}\n\n")
         fh.flush()
         try:
-            proc = subprocess.run(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
-            rc = proc.returncode
+            rc = subprocess.run(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     if rc != 0 or not results.exists():
@@ -156,10 +132,8 @@ def _result_for(data: dict, test_id: str) -> dict:
 def _stopped_earlier(ours: dict, theirs: dict) -> bool:
     """Did our run of the test stop at an earlier point of the test file than upstream's counterpart?"""
     a, b = ours.get("progress") or [0], theirs.get("progress") or [0]
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            return x < y
-    return False  # same point (or one path is a prefix of the other): not earlier
+    # The first place the two paths differ decides; the same point, or one path a prefix of the other: not earlier.
+    return next((x < y for x, y in zip(a, b, strict=False) if x != y), False)
 
 
 def verdict(ours: dict, theirs: dict, has_hook: bool) -> str:
@@ -200,10 +174,8 @@ def cmd_matrix(ns) -> int:
     main_hooks = [h for h in HOOKS if not h.extra_env]
     ours_env = {h.env_key: h.ours for h in main_hooks}
     theirs_env = {h.env_key: h.theirs for h in main_hooks}
-    say("contract hooks (SLIME_CONTRACT_*):")
-    for h in HOOKS:
-        extra = "".join(f" +{k}={v}" for k, v in h.extra_env)
-        say(f"  {h.env_key}{extra}\n      ours           {h.ours}\n      upstream's own {h.theirs_label}")
+    say("contract hooks (SLIME_CONTRACT_*), ours / upstream's own:\n" + "\n".join(
+        f"  {h.env_key}{''.join(f' +{k}={v}' for k, v in h.extra_env)}: {h.ours} / {h.theirs_label}" for h in HOOKS))
     say("  unset on both trees (no hook of ours; those tests use upstream's reference hooks): "
         + ", ".join(OTHER_CONTRACT_KEYS))
 
@@ -264,10 +236,7 @@ def cmd_matrix(ns) -> int:
     for label, key, o, t, v, _h in rows:
         say(f"{label:<{w_test}}  {key:<{w_hook}}  {_outcome_label(o):<5}  {_outcome_label(t):<12}  {v}")
 
-    say("PASS         passes on the ported tree (with our hook where the test has one)")
-    say("FAIL-SHARED  upstream's own counterpart fails it too, and ours gets at least as far into the test")
-    say("FAIL-OURS    upstream's own passes, or ours stops at an earlier point of the test: a real problem")
-    say("FAIL-BOTH    a test without a hook that fails on the pristine tree too (environment); still a failure")
+    say(LEGEND)
     details = [r for r in rows if r[4] != "PASS"]
     if details:
         say("")
@@ -318,9 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--tree", required=True, help="a pristine upstream tree")
     s.add_argument("--no-install", action="store_true")
     s = sub.add_parser("matrix", help="run upstream's CPU tests on both trees and classify")
-    s.add_argument("--pristine", required=True)
-    s.add_argument("--ported", required=True)
-    s.add_argument("--work", required=True, help="folder for logs and results")
+    for name in ("--pristine", "--ported", "--work"):  # --work: a folder for logs and results
+        s.add_argument(name, required=True)
     s.add_argument("--summary", help="write the one-line counts here")
     s = sub.add_parser("_pytest", help="internal: one recorded pytest session in the current directory")
     s.add_argument("--results", required=True)

@@ -1,13 +1,12 @@
-"""Where upstream's CPU CI jobs run here: a cached Python 3.10 virtualenv per job, a throwaway one per tree, and
-one registered file run in it as the job runs it (``python tests/FILE`` from the tree's root); cpu_ci.py drives.
+"""Where upstream's CPU CI jobs run here: a cached Python 3.10 virtualenv per job, a throwaway one per tree, and one
+registered file run in it as the job runs it (``python tests/FILE`` from the tree's root); cpu_ci.py drives.
 
-The venvs live under ``$CPU_CI_CACHE`` (default ``${XDG_CACHE_HOME:-~/.cache}/slime-tcod/cpu-ci``): a base venv
-holding the pip lines every CPU job shares, and for a job with more lines a venv layered on it (a ``.pth`` adds
-the base's site-packages after its own; pip in a virtualenv never uninstalls what lies outside it). A folder's
-name carries a hash of its pip lines, so another template gets other venvs; ``CPU_CI_REBUILD=1`` rebuilds. When
-download.pytorch.org (the template's torch index) cannot be reached, torch comes from PyPI (``$CPU_CI_TORCH``,
-default ``torch==2.13.0``): the CUDA build, about 4.6 GB, which runs on CPU; the output says so. ``PY310`` names
-the interpreter (default ``python3.10`` on PATH, else pyenv's newest 3.10).
+The venvs live under ``$CPU_CI_CACHE`` (default ``${XDG_CACHE_HOME:-~/.cache}/slime-tcod/cpu-ci``): a base venv holding
+the pip lines every CPU job shares, and for a job with more a venv layered on it (a ``.pth`` adds the base's
+site-packages after its own; pip in a virtualenv never uninstalls what lies outside it); a folder's name hashes its
+pip lines; ``CPU_CI_REBUILD=1`` rebuilds. When download.pytorch.org (the template's torch index) is out of reach,
+torch comes from PyPI (``$CPU_CI_TORCH``, default ``torch==2.13.0``: the CUDA build, ~4.6 GB, runs on CPU), said so.
+``PY310`` names the interpreter (default ``python3.10`` on PATH, else pyenv's newest 3.10).
 """
 
 from __future__ import annotations
@@ -27,26 +26,18 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tools.slime_pr.trees import say
+
 TORCH_INDEX_PROBE = "https://download.pytorch.org/whl/cpu/torch/"
 DEFAULT_TORCH = "torch==2.13.0"
 PIP_NOISE = ("is ignored: it is neither a file nor a directory", "[notice]", "DEPRECATION:")
 MARKER = ".slime-tcod-complete"
 # What the CPU jobs' `env:` block gives each run, secrets left out (forks get none either).
-JOB_ENV = {
-    "CI": "true",
-    "GITHUB_ACTIONS": "true",
-    "GITHUB_COMMIT_NAME": "local_non-pr",
-    "SLIME_TEST_ENABLE_INFINITE_RUN": "false",
-    "SLIME_TEST_USE_DEEPEP": "0",
-    "SLIME_TEST_USE_FP8_ROLLOUT": "0",
-    "SLIME_TEST_ENABLE_EVAL": "1",
-}
+JOB_ENV = {"CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_COMMIT_NAME": "local_non-pr",
+           "SLIME_TEST_ENABLE_INFINITE_RUN": "false", "SLIME_TEST_USE_DEEPEP": "0", "SLIME_TEST_USE_FP8_ROLLOUT": "0",
+           "SLIME_TEST_ENABLE_EVAL": "1"}
 SUMMARY_LINE = re.compile(r"^=+ (?P<body>.*?) in [0-9.]+s(?: \([^)]*\))? =+$")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)")
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
 
 
 class CIError(RuntimeError):

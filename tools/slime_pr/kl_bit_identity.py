@@ -3,7 +3,7 @@
     PYTHONPATH=TREE python tools/slime_pr/kl_bit_identity.py dump TREE OUT.pt
     python tools/slime_pr/kl_bit_identity.py compare A.pt B.pt
 
-``dump`` imports TREE's ``compute_advantages_and_returns`` (megatron stubbed, its ``mpu`` one rank: stubs.py) and
+``dump`` imports TREE's ``compute_advantages_and_returns`` (megatron stubbed, its ``mpu`` one rank: trees.py) and
 runs it on fixed inputs for ppo, grpo, reinforce_plus_plus and reinforce_plus_plus_baseline, each with kl_coef 0
 and 0.05 (and whitening for the reinforce++ pair, which requires it), called the way the actor
 calls it without --kl-ctrl. ``compare`` requires every tensor to be equal bit for bit.
@@ -13,7 +13,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-import stubs  # this folder is the script's: tools/slime_pr/stubs.py
+import trees  # this folder is the script's: tools/slime_pr/trees.py
 import torch
 
 
@@ -32,7 +32,7 @@ def _rollout(seed):
 
 
 def dump(tree: Path, out: Path) -> None:
-    stubs.install_one_rank_mpu()
+    trees.install_one_rank_mpu()
     import torch.distributed as dist
 
     dist.all_reduce = lambda tensor, *a, **kw: None  # one rank: whitening's reduction is the identity

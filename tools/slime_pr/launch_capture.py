@@ -1,6 +1,6 @@
-"""The argument lists ``check_launch_flags.py`` checks: the launch script run with recording stand-ins for
-``python3``, ``ray``, ``curl``, ``nvidia-smi`` and ``sleep``, and the GPU e2e test with ``U.execute_train``
-and the teacher's ``Popen`` captured. Nothing is launched."""
+"""The argument lists ``check_launch_flags.py`` checks: the launch script run with recording stand-ins for ``python3``,
+``ray``, ``curl``, ``nvidia-smi`` and ``sleep``, and the GPU e2e test with ``U.execute_train`` and the teacher's
+``Popen`` captured. Nothing is launched."""
 
 from __future__ import annotations
 
@@ -33,12 +33,8 @@ TEST_RUNS = list(TEST_GPUS)
 MUST_EXIST = ("--ref-load", "--opd-teacher-load")
 # ServerArgs fields the launches use, as SGLang 0.5.15.post1 declares them (kind, default), for runs without
 # the wheel; pp/dp size and dp attention are read by upstream's sglang validate_args.
-SGLANG_FALLBACK = {
-    "mem_fraction_static": ("float", None),
-    "pp_size": ("int", 1),
-    "dp_size": ("int", 1),
-    "enable_dp_attention": ("bool", False),
-}
+SGLANG_FALLBACK = {"mem_fraction_static": ("float", None), "pp_size": ("int", 1), "dp_size": ("int", 1),
+                   "enable_dp_attention": ("bool", False)}
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 # Stand-ins that record their argv: one NUL-separated file per call (cwd, name, args...), written under a
@@ -77,25 +73,22 @@ def flags_of(argv: list[str]) -> list[str]:
 
 
 def script_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
-    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE.
-
-    Files the script wrote and names on the command line (the gridnav YAML) are moved to ``keep_dir``.
-    """
+    """Run the launch script with recording stand-ins; one Launch per TCOD_MODE. Files the script wrote and names
+    on the command line (the gridnav YAML) are moved to ``keep_dir``."""
     launches = []
     for run in SCRIPT_RUNS:
         name = f"{SCRIPT} " + " ".join(f"{k}={v}" for k, v in run.items())
         with tempfile.TemporaryDirectory() as tmp:
             stub_dir, capture = Path(tmp, "bin"), Path(tmp, "calls")
-            stub_dir.mkdir()
-            capture.mkdir()
+            for folder in (stub_dir, capture):
+                folder.mkdir()
             for stub, body in STUBS.items():
                 (stub_dir / stub).write_text("#!/bin/sh\n" + body)
                 (stub_dir / stub).chmod(0o755)
             env = {**os.environ, **run, "PATH": f"{stub_dir}:{os.environ['PATH']}", "CAPTURE_DIR": str(capture)}
             env["SAVE"] = str(Path(tmp, "save"))  # the gridnav YAML is written there
-            proc = subprocess.run(
-                ["bash", str(slime_dir / SCRIPT)], env=env, capture_output=True, text=True, timeout=120
-            )
+            script = ["bash", str(slime_dir / SCRIPT)]
+            proc = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120)
             calls = [p.read_bytes().decode().split("\0")[:-1] for p in capture.glob("call.*")]
             submits = [c for c in calls if c[1] == "ray" and c[2:4] == ["job", "submit"]]
             launch = Launch(name, [], str(slime_dir))
@@ -114,9 +107,8 @@ def script_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
                 launch.problems += problems
             teachers = [c[4:] for c in calls if c[1] == "python3" and c[2:4] == ["-m", "sglang.launch_server"]]
             if len(teachers) != 1:
-                launch.problems.append(
-                    f"expected one teacher server (python3 -m sglang.launch_server), saw {len(teachers)}"
-                )
+                launch.problems.append(f"expected one teacher server (python3 -m sglang.launch_server), saw "
+                                       f"{len(teachers)}")
             else:
                 launch.teacher_argv = teachers[0]
             # Copy the YAML out of the temp dir before it goes: validation reads it later.
@@ -137,20 +129,15 @@ def _runtime_env(ray_args: list[str]) -> tuple[dict[str, str], list[str]]:
     return {}, ["`ray job submit` has no --runtime-env-json"]
 
 
-def _keep_temp_files(argv: list[str], tmp: Path, keep_dir: Path) -> list[str]:
-    out = []
-    for arg in argv:
-        if arg.startswith(str(tmp)) and Path(arg).is_file():
-            kept = Path(tempfile.mkdtemp(dir=keep_dir), Path(arg).name)
-            kept.write_bytes(Path(arg).read_bytes())
-            arg = str(kept)
-        out.append(arg)
-    return out
-
-
-def _write(path: Path, text: str) -> str:
+def _keep(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
+
+
+def _keep_temp_files(argv: list[str], tmp: Path, keep_dir: Path) -> list[str]:
+    """``argv`` with each file of ``tmp`` it names copied to a folder of ``keep_dir``, which outlives ``tmp``."""
+    return [_keep(Path(tempfile.mkdtemp(dir=keep_dir), Path(a).name), Path(a).read_text())
+            if a.startswith(str(tmp)) and Path(a).is_file() else a for a in argv]
 
 
 def _model_args(slime_dir: Path, model_type: str | None) -> list[str]:
@@ -158,13 +145,8 @@ def _model_args(slime_dir: Path, model_type: str | None) -> list[str]:
     if model_type is None:
         return []
     script = slime_dir / "scripts" / "models" / f"{model_type}.sh"
-    out = subprocess.run(
-        ["bash", "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "_", str(script)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split("\0")[:-1]
+    source = ["bash", "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "_", str(script)]
+    return subprocess.run(source, capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
 
 
 class _Captured(Exception):
@@ -172,7 +154,7 @@ class _Captured(Exception):
 
 
 def test_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
-    """The e2e test's four runs, with ``U.execute_train`` recording instead of launching (temp files in keep_dir)."""
+    """The e2e test's CI runs, with ``U.execute_train`` recording instead of launching (temp files in keep_dir)."""
     import slime.utils.external_utils.command_utils as U
 
     spec = importlib.util.spec_from_file_location("_tcod_e2e_test", slime_dir / E2E_TEST)
@@ -201,7 +183,7 @@ def test_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
             name = f"{E2E_TEST} --tcod-mode {tcod_mode} --opd-type {opd_type}"
             seen.clear()
             U.execute_train, U.exec_command = record, lambda *a, **k: ""
-            U.save_to_temp_file = lambda text, ext: _write(Path(tempfile.mkdtemp(dir=keep_dir), f"file.{ext}"), text)
+            U.save_to_temp_file = lambda text, ext: _keep(Path(tempfile.mkdtemp(dir=keep_dir), f"file.{ext}"), text)
             module.subprocess = types.SimpleNamespace(Popen=record_popen, STDOUT=None)
             module.open = lambda *a, **k: io.StringIO()  # the teacher's log file
             # The GPUs gpu_lock_exec.py gives this configuration's CI entry.

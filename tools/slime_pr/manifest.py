@@ -1,14 +1,12 @@
 """The multi-turn TCOD pull request: which files of this repository it carries and how it edits upstream's.
 
-Every path of ``COPIED_FILES`` lands at the same path in upstream's tree. ``slime/utils/tcod_arguments.py`` is
-spliced, not copied: ``add_tcod_arguments`` becomes a group nested in upstream's
-``get_slime_extra_args_provider`` right after the on-policy-distillation group (and registered after it), the
-body of ``validate_tcod_args`` an inline ``if`` block of ``slime_validate_args`` right after the
-``--custom-config-path`` YAML is applied (it sets ``max_turns``). ``edits`` also adds the public
-``get_current_rollout_id()`` beside upstream's ``set_current_rollout_id`` (the agent loop reads the
-curriculum's step there), the docs page to both toctrees, the example to ``examples/README.md``, and the
-tests to upstream's CI template (the GPU e2e test once per configuration, the CPU tests in ``cpu-unittest``).
-``port.py`` applies it; everything else in this repository is the standalone runtime.
+Every path of ``COPIED_FILES`` lands at the same path upstream. ``slime/utils/tcod_arguments.py`` is spliced, not
+copied: ``add_tcod_arguments`` becomes a group nested in upstream's ``get_slime_extra_args_provider`` right after the
+on-policy-distillation group (and registered after it), the body of ``validate_tcod_args`` an inline ``if`` block of
+``slime_validate_args`` right after the ``--custom-config-path`` YAML (which sets ``max_turns``) is applied. ``edits``
+also adds ``get_current_rollout_id()`` beside upstream's ``set_current_rollout_id`` (the agent loop reads the step
+there), the docs page to both toctrees, the example to ``examples/README.md``, and the tests to upstream's CI
+template (the GPU e2e test once per configuration, the CPU tests in ``cpu-unittest``). ``port.py`` applies it.
 """
 
 from __future__ import annotations
@@ -21,13 +19,11 @@ VERIFIED_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # the upstream com
 AUTHOR = "slime-tcod"  # of the commits port.py makes in a git work tree
 
 ARGUMENTS_SOURCE = "slime/utils/tcod_arguments.py"  # spliced into upstream's arguments.py, not copied
+SPLICED = (ARGUMENTS_SOURCE,)  # this repository's files the PR carries other than by copy (linted all the same)
 CORE_FILES = ("slime/rollout/tcod.py",)
-EXAMPLE_FILES = tuple(
-    f"examples/multi_turn_tcod/{name}"
-    for name in ("README.md", "__init__.py", "run-qwen3-8B-tcod.sh", "multi_turn_tcod_config.yaml", "rollout.py",
-                 "chat_layout.py", "metrics.py", "envs/__init__.py", "envs/common.py", "envs/gridnav.py",
-                 "envs/make_data.py")
-)
+EXAMPLE_FILES = tuple(f"examples/multi_turn_tcod/{name}" for name in (
+    "README.md", "__init__.py", "run-qwen3-8B-tcod.sh", "multi_turn_tcod_config.yaml", "rollout.py", "chat_layout.py",
+    "metrics.py", "envs/__init__.py", "envs/common.py", "envs/gridnav.py", "envs/make_data.py"))
 # Tests that need no GPU (NUM_GPUS = 0): upstream's `cpu-unittest` job runs each as `python tests/FILE` on
 # Python 3.10 without sglang or Megatron (cpu_ci.py runs them so).
 CPU_TEST_FILES = ("tests/test_tcod_arguments.py", "tests/test_tcod_rollout.py", "tests/test_tcod_e2e_cpu.py")
@@ -46,11 +42,6 @@ class PortError(ValueError):
     """SLIME_DIR is not the upstream tree this PR was written for."""
 
 
-def python_files() -> list[str]:
-    """The PR's Python files as they exist in this repository (the linters' input)."""
-    return [p for p in (ARGUMENTS_SOURCE, *COPIED_FILES) if p.endswith(".py")]
-
-
 # ---------------------------------------------------------------------------- upstream's CI template
 TEMPLATE = ".github/workflows/pr-test.yml.j2"  # rendered into pr-test.yml by upstream's generator
 RENDERED = ".github/workflows/pr-test.yml"
@@ -62,10 +53,8 @@ TEST_FILE = GPU_TEST_FILE.removeprefix("tests/")
 # lives in the actor. The file's NUM_GPUS (read by upstream's changed-tests job, which runs it without
 # test_args) is the first configuration's.
 GPU_CONFIGS = (("b2f", "sglang", 3), ("f2b", "megatron", 2))
-GPU_ENTRIES = tuple(
-    f"{{'test_file': '{TEST_FILE}', 'test_args': '--tcod-mode {mode} --opd-type {opd}', 'num_gpus': {gpus}}},"
-    for mode, opd, gpus in GPU_CONFIGS
-)
+GPU_ENTRIES = tuple(f"{{'test_file': '{TEST_FILE}', 'test_args': '--tcod-mode {mode} --opd-type {opd}', "
+                    f"'num_gpus': {gpus}}}," for mode, opd, gpus in GPU_CONFIGS)
 # (test_args, GPUs) of each GPU entry, as verify_pr.py finds them in the rendered jobs.
 GPU_REGISTRATION = tuple((f"--tcod-mode {m} --opd-type {o}", n) for m, o, n in GPU_CONFIGS)
 CPU_JOB_LINE = "'cpu-unittest': {"  # the CPU job that installs transformers

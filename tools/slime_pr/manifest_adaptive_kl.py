@@ -2,12 +2,10 @@
 upstream's.
 
 Its files land at the same paths upstream: ``slime/utils/kl_controller.py`` (shared with the runtime's trainer), its
-tests and docs; the PR's ``tests/test_kl_controller.py`` lives here as ``tests/test_kl_controller_pr.py``
-(``SOURCES``), since the runtime's own test holds that name. Its edits of upstream's files (arguments, loss, actor,
-the argument-validation fixture, the CI template, the docs) are anchored replacements, ``EDITS``: (file, anchor,
-replacement), the anchor found exactly ``_COUNTS`` times (once by default), replaced in place. A file that already
-holds an edit is left alone (``_DONE_MARK``), so a second run changes nothing. It applies to pristine upstream and
-to a tree that holds the TCOD PR, whose edits do not touch these anchors. ``port.py`` applies it.
+tests and docs; its ``tests/test_kl_controller.py`` lives here as ``tests/test_kl_controller_pr.py`` (``SOURCES``:
+the runtime's own test holds that name). ``EDITS`` are its edits of upstream's files, (file, anchor, replacement): the
+anchor must be there exactly ``_COUNTS`` times (once by default); a file that holds an edit already is left alone
+(``_DONE_MARK``), so a second run changes nothing. The anchors are not the TCOD PR's: it applies after that PR too.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ TEST_FILES = (*CPU_TEST_FILES, GPU_TEST_FILE)
 DOC_FILES = ("docs/en/advanced/adaptive-kl-controller.md", "docs/zh/advanced/adaptive-kl-controller.md")
 COPIED_FILES = CORE_FILES + TEST_FILES + DOC_FILES
 SOURCES = {"tests/test_kl_controller.py": "tests/test_kl_controller_pr.py"}  # upstream path -> path here
+SPLICED: tuple[str, ...] = ()  # every file of this repository the PR carries is copied
 # verify_pr.py's caps: added lines under slime/ and in all, the CI template and its rendering not counted.
 CAPS = {"core": 300, "added": 1500}
 UNCOUNTED = (TEMPLATE, RENDERED)
@@ -305,11 +304,6 @@ _DONE_MARK = {ARGS: '"--kl-ctrl"', LOSS: "def reduce_observed_kl(", ACTOR: "self
 
 MESSAGE = "Adaptive reward-side KL coefficient for PPO (--kl-ctrl adaptive)"
 COMMITS = ((MESSAGE, [*COPIED_FILES, *dict.fromkeys(rel for rel, _, _ in EDITS), RENDERED]),)  # one commit
-
-
-def python_files() -> list[str]:
-    """The PR's Python files as they exist in this repository (the linters' input)."""
-    return [SOURCES.get(rel, rel) for rel in COPIED_FILES if rel.endswith(".py")]
 
 
 def _apply(source: str, anchor: str, new: str, count: int) -> str:

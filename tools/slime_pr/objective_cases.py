@@ -59,39 +59,19 @@ def build_samples(n_samples_per_prompt: int, rollout_batch_size: int, seed: int)
                 lps = [-rng.uniform(0.01, 3.0) for _ in range(n_act)]
                 rollout_lp += lps
                 recomputed_lp += [lp + rng.uniform(-0.05, 0.05) for lp in lps]
-            samples.append(
-                {
-                    "index": index,
-                    "group_index": group,
-                    "prompt": f"prompt {group}",
-                    "response": f"response {index}",
-                    "tokens": prompt + response,
-                    "response_length": len(response),
-                    "loss_mask": mask,
-                    "rollout_log_probs": rollout_lp,
-                    "recomputed_log_probs": recomputed_lp,
-                    "task_reward": TASK_REWARDS[index % len(TASK_REWARDS)],
-                    "truncated": index % 5 == 4,
-                }
-            )
+            samples.append({
+                "index": index, "group_index": group, "prompt": f"prompt {group}", "response": f"response {index}",
+                "tokens": prompt + response, "response_length": len(response), "loss_mask": mask,
+                "rollout_log_probs": rollout_lp, "recomputed_log_probs": recomputed_lp,
+                "task_reward": TASK_REWARDS[index % len(TASK_REWARDS)], "truncated": index % 5 == 4,
+            })
     return samples
 
 
 def build_spec(seed: int = 0) -> list[dict]:
-    cases = []
-    for i, (name, n, batch, rollout_lp, coef) in enumerate(CASES):
-        samples = build_samples(n, batch, seed + i)
-        cases.append(
-            {
-                "name": name,
-                "n_samples_per_prompt": n,
-                "rollout_batch_size": batch,
-                "use_rollout_logprobs": rollout_lp,
-                "opd_kl_coef": coef,
-                "samples": samples,
-            }
-        )
-    return cases
+    return [{"name": name, "n_samples_per_prompt": n, "rollout_batch_size": batch, "use_rollout_logprobs": rollout_lp,
+             "opd_kl_coef": coef, "samples": build_samples(n, batch, seed + i)}
+            for i, (name, n, batch, rollout_lp, coef) in enumerate(CASES)]
 
 
 class TeacherServer:
@@ -107,19 +87,10 @@ class TeacherServer:
                 server.requests.append(payload)
                 ids = payload["input_ids"]
                 entries = [[None if i == 0 else teacher_log_prob(t, i), t, None] for i, t in enumerate(ids)]
-                body = json.dumps(
-                    {
-                        "text": "",
-                        "meta_info": {
-                            "id": str(len(server.requests)),
-                            "prompt_tokens": len(ids),
-                            "completion_tokens": 0,
-                            "finish_reason": {"type": "length", "length": 0},
-                            "input_token_logprobs": entries,
-                            "output_token_logprobs": [],
-                        },
-                    }
-                ).encode()
+                meta = {"id": str(len(server.requests)), "prompt_tokens": len(ids), "completion_tokens": 0,
+                        "finish_reason": {"type": "length", "length": 0}, "input_token_logprobs": entries,
+                        "output_token_logprobs": []}
+                body = json.dumps({"text": "", "meta_info": meta}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -157,15 +128,15 @@ def max_abs_diff(a: dict[str, list[float]], b: dict[str, list[float]], masks: di
 
 
 class Report:
-    def __init__(self):
-        self.failed = 0
+    """One PASS / FAIL line per check, counting the failures; INFO lines are not checked."""
+
+    failed = 0
 
     def check(self, ok: bool, what: str) -> None:
         self.failed += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {what}", flush=True)
 
-    @staticmethod
-    def info(what: str) -> None:
+    def info(self, what: str) -> None:
         print(f"INFO  {what}", flush=True)
 
 
@@ -177,45 +148,35 @@ def compare(spec: dict, upstream: dict, runtime: dict, report: Report) -> None:
         n_tokens = sum(len(m) for m in masks.values())
         n_trained = sum(sum(m) for m in masks.values())
         zero = all(r == 0.0 for r in list(up["rewards"].values()) + list(rt["rewards"].values()))
-        report.check(
-            zero and up["rewards"].keys() == rt["rewards"].keys(),
-            f"[{name}] rewards handed to the estimator are 0.0 for all {len(up['rewards'])} samples on both sides "
-            f"(environment returns {sorted({s['task_reward'] for s in case['samples']})})",
-        )
+        report.check(zero and up["rewards"].keys() == rt["rewards"].keys(),
+                     f"[{name}] rewards handed to the estimator are 0.0 for all {len(up['rewards'])} samples on "
+                     f"both sides (environment returns {sorted({s['task_reward'] for s in case['samples']})})")
         diff = max_abs_diff(up["teacher"], rt["teacher"])
         report.check(diff <= TOL, f"[{name}] teacher log-probs: max abs diff {diff:.3g}")
         diff = max_abs_diff(up["adv"], rt["adv"])
         largest = max(abs(v) for adv in up["adv"].values() for v in adv)
-        report.check(
-            diff <= TOL and largest > 0.1,
-            f"[{name}] advantages, all {n_tokens} response tokens ({n_trained} trained) of {len(masks)} samples: "
-            f"max abs diff {diff:.3g} (max |A| {largest:.3f})",
-        )
+        report.check(diff <= TOL and largest > 0.1,
+                     f"[{name}] advantages, all {n_tokens} response tokens ({n_trained} trained) of {len(masks)} "
+                     f"samples: max abs diff {diff:.3g} (max |A| {largest:.3f})")
         diff = max_abs_diff(up["opd_kl"], rt["opd_kl"])
         report.check(diff <= TOL, f"[{name}] OPD reverse KL kept for logging: max abs diff {diff:.3g}")
         control = max_abs_diff(upstream["cases"][name]["task"]["adv"], rt["adv"], masks)
-        report.check(
-            control > 1e-3,
-            f"[{name}] negative control: upstream with a hook returning the environment's return differs from "
-            f"this runtime by max abs {control:.3g} on trained tokens (must differ)",
-        )
+        report.check(control > 1e-3,
+                     f"[{name}] negative control: upstream with a hook returning the environment's return differs "
+                     f"from this runtime by max abs {control:.3g} on trained tokens (must differ)")
         diff = max_abs_diff(upstream["cases"][name]["task"]["adv"], runtime["cases"][name]["task"]["adv"], masks)
-        report.info(
-            f"[{name}] both sides with the environment-return hook: max abs diff {diff:.3g} on trained tokens "
-            "(upstream trains the raw returns: a custom post-process hook skips its group normalisation; this "
-            "runtime's grpo centres (n=1: zeroes) and std-normalises them per group in the trainer)"
-        )
+        report.info(f"[{name}] both sides with the environment-return hook: max abs diff {diff:.3g} on trained tokens "
+                    "(upstream trains the raw returns: a custom post-process hook skips its group normalisation; this "
+                    "runtime's grpo centres (n=1: zeroes) and std-normalises them per group in the trainer)")
         closed = closed_form_advantages(case)
         diff = max_abs_diff(up["adv"], closed)
         report.check(diff <= TOL, f"[{name}] --opd-type sglang: advantages are -opd_kl_coef * (student - teacher), "
                      f"max abs diff {diff:.3g}")
         compare_megatron(case, upstream["cases"][name], closed, masks, report)
         up_w, rt_w = upstream["cases"][name]["pure_whitened"]["adv"], runtime["cases"][name]["pure_whitened"]["adv"]
-        report.info(
-            f"[{name}] with --normalize-advantages: max abs diff {max_abs_diff(up_w, rt_w, masks):.3g} on trained "
-            f"tokens, {max_abs_diff(up_w, rt_w):.3g} on all tokens (upstream: unbiased variance, masked tokens "
-            "whitened too; this runtime: population variance, masked tokens 0)"
-        )
+        report.info(f"[{name}] with --normalize-advantages: max abs diff {max_abs_diff(up_w, rt_w, masks):.3g} on "
+                    f"trained tokens, {max_abs_diff(up_w, rt_w):.3g} on all tokens (upstream: unbiased variance, "
+                    "masked tokens whitened too; this runtime: population variance, masked tokens 0)")
 
 
 def closed_form_advantages(case: dict) -> dict[str, list[float]]:
@@ -239,22 +200,17 @@ def compare_megatron(case: dict, runs: dict, closed: dict, masks: dict, report: 
         return
     mp, mt = runs["megatron_pure"], runs["megatron_task"]
     returns = sorted({s["task_reward"] for s in case["samples"]})
-    report.check(
-        all(r == 0.0 for r in mp["rewards"].values()),
-        f"[{name}] --opd-type megatron: upstream's GRPO group normalisation hands 0.0 to the estimator for all "
-        f"{len(mp['rewards'])} samples (the agent loop's reward 0.0; environment returns {returns})",
-    )
+    report.check(all(r == 0.0 for r in mp["rewards"].values()),
+                 f"[{name}] --opd-type megatron: upstream's GRPO group normalisation hands 0.0 to the estimator for "
+                 f"all {len(mp['rewards'])} samples (the agent loop's reward 0.0; environment returns {returns})")
     diff = max(max_abs_diff(mp["adv"], runs["pure"]["adv"]), max_abs_diff(mp["adv"], closed))
-    report.check(
-        diff <= TOL,
-        f"[{name}] --opd-type megatron: the same advantages as --opd-type sglang and the closed form on every "
-        f"response token, max abs diff {diff:.3g}",
-    )
+    report.check(diff <= TOL,
+                 f"[{name}] --opd-type megatron: the same advantages as --opd-type sglang and the closed form on every "
+                 f"response token, max abs diff {diff:.3g}")
     diff = max_abs_diff(mp["opd_kl"], runs["pure"]["opd_kl"])
     report.check(diff <= TOL, f"[{name}] --opd-type megatron: OPD reverse KL as with sglang, max abs diff {diff:.3g}")
     control = max_abs_diff(mt["adv"], mp["adv"], masks)
-    report.check(
-        control > 1e-3,
-        f"[{name}] negative control: --opd-type megatron with the environment's return as sample.reward trains "
-        f"its group-normalised value, differing by max abs {control:.3g} on trained tokens (must differ)",
-    )
+    report.check(control > 1e-3,
+                 f"[{name}] negative control: --opd-type megatron with the environment's return as "
+                 f"sample.reward trains its group-normalised value, differing by max abs {control:.3g} on trained "
+                 "tokens (must differ)")

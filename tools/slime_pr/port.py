@@ -2,13 +2,11 @@
 
     python tools/slime_pr/port.py [--pr tcod|adaptive-kl] SLIME_DIR [--dry-run] [--no-commit]
 
-Each PR is a manifest module (``PRS``; the TCOD PR by default): ``COPIED_FILES`` land at the same paths in
-SLIME_DIR (from ``SOURCES[path]`` here where that differs), ``edits(SLIME_DIR)`` gives the new text of the upstream
-files it edits, ``EXPECTED`` is what it relies on upstream and ``COMMITS`` its commit series. A changed CI template
-is re-rendered with upstream's generator. Everything is computed before anything is written: a tree that is not
-upstream slime, or lacks an API the PR relies on, is refused with one line naming what is missing, and nothing is
-changed. When SLIME_DIR is a git work tree the change is committed (one commit per part of the series); a second
-run finds nothing to change and commits nothing.
+Each PR is a manifest module (``PRS``; TCOD by default): ``COPIED_FILES`` land at the same paths in SLIME_DIR (from
+``SOURCES[path]`` here where that differs), ``edits(SLIME_DIR)`` gives the new text of the upstream files it edits,
+``EXPECTED`` is what it relies on upstream, ``COMMITS`` its commit series (made when SLIME_DIR is a git work tree).
+A changed CI template is re-rendered by upstream's generator. Nothing is written before everything is computed: a
+tree lacking what the PR relies on is refused with one line naming it. A second run changes nothing.
 """
 
 from __future__ import annotations
@@ -42,18 +40,24 @@ def check_tree(slime_dir: Path, pr) -> None:
         if not path.is_file():
             raise PortError(f"{slime_dir} is not upstream slime as of {pr.VERIFIED_COMMIT[:7]}: no {rel} ({why})")
         if needle not in path.read_text():
-            raise PortError(f"{slime_dir}/{rel} lacks {needle!r} ({why}); this PR was written for {pr.VERIFIED_COMMIT[:7]}")
+            raise PortError(f"{slime_dir}/{rel} lacks {needle!r} ({why}); written for {pr.VERIFIED_COMMIT[:7]}")
+
+
+def sources(pr) -> dict[str, Path]:
+    """{upstream path: the file of this repository it is copied from}."""
+    return {rel: REPO / pr.SOURCES.get(rel, rel) for rel in pr.COPIED_FILES}
 
 
 def planned_files(slime_dir: Path, pr) -> dict[str, bytes]:
     """Every file the PR adds or edits, with its new content (only those that differ)."""
-    sources = {rel: REPO / pr.SOURCES.get(rel, rel) for rel in pr.COPIED_FILES}
-    absent = [str(src.relative_to(REPO)) for src in sources.values() if not src.is_file()]
+    copied = sources(pr)
+    absent = [str(src.relative_to(REPO)) for src in copied.values() if not src.is_file()]
     if absent:
         raise PortError(f"this repository lacks PR file(s) that {pr.__name__} lists: {', '.join(absent)}")
-    new = {rel: src.read_bytes() for rel, src in sources.items()}
+    new = {rel: src.read_bytes() for rel, src in copied.items()}
     new.update({rel: text.encode() for rel, text in pr.edits(slime_dir).items()})
-    return {rel: data for rel, data in new.items() if not (slime_dir / rel).is_file() or (slime_dir / rel).read_bytes() != data}
+    return {rel: data for rel, data in new.items() if not (slime_dir / rel).is_file()
+            or (slime_dir / rel).read_bytes() != data}
 
 
 def write_changes(slime_dir: Path, changes: dict[str, bytes]) -> None:

@@ -1,14 +1,12 @@
-"""CPU rehearsal of the PR's launch script, ``examples/multi_turn_tcod/run-qwen3-8B-tcod.sh``, in this runtime.
+"""CPU rehearsal of the TCOD PR's launch script, ``examples/multi_turn_tcod/run-qwen3-8B-tcod.sh``, in this runtime.
 
     python tools/slime_pr/rehearse_launch.py [--mode b2f|f2b] [--dir DIR]
 
-The script runs with recording stand-ins for ``python3``, ``ray`` and ``curl`` (as ``check_launch_flags.py``
-runs it), which yields the exact ``train.py`` flags it submits. Those flags then run for 2 rollouts through
-this repository's ``train.py`` with ``--train-backend megatron`` (upstream's trainer), via
-``scripts/rehearsal.py``'s swaps: tiny models for Qwen3-8B/32B, the hf_engine for SGLang, a few gridnav
-tasks, small sizes. What differs from upstream besides those swaps is printed: upstream's
-``scripts/models/qwen3-8B.sh`` is not in this repository (an empty ``MODEL_ARGS`` stands in; the tiny
-model's config.json describes it) and flags this runtime does not implement are dropped and listed.
+The script runs with launch_capture.py's recording stand-ins for ``python3``, ``ray`` and ``curl``, which yields the
+``train.py`` flags it submits; those run for 2 rollouts through this repository's ``train.py --train-backend
+megatron`` with ``scripts/rehearsal.py``'s swaps (tiny models, the hf_engine for SGLang, a few gridnav tasks, small
+sizes). Upstream's ``scripts/models/qwen3-8B.sh`` is not here (an empty ``MODEL_ARGS`` stands in; the tiny model's
+config.json describes it); flags this runtime does not implement are dropped and listed.
 """
 
 from __future__ import annotations

@@ -1,33 +1,18 @@
-"""CPU smoke run of the ported contribution inside upstream slime's own rollout flow.
+"""CPU smoke run of the ported TCOD PR inside upstream slime's own rollout flow.
 
     python tools/slime_pr/smoke.py PORTED_SLIME_DIR
 
-PORTED_SLIME_DIR is an upstream THUDM/slime tree after ``port.py``. This process imports slime from
-that tree only (ray, sglang and sglang_router are stubbed, as upstream's CPU tests stub them; nothing
-GPU-side runs). The student and the teacher are tiny models served by this project's ``hf_engine``
-(separate processes started from this repository), the student engine also standing in for the
-router. The run goes through upstream's parser (with the port's flags), upstream's data source, the
-current rollout id set with upstream's ``set_current_rollout_id`` (as ``RolloutManager.generate`` does),
-upstream's default ``generate_rollout`` -> ``generate_and_rm`` -> the agent loop
-(``--custom-generate-function-path``) on gridnav (``examples.multi_turn_tcod.envs.gridnav``) -> upstream's
-``async_rm`` -> the OPD teacher, then the reward post-processing hook as upstream's RolloutManager calls it.
-Checked, for TCOD F2B and B2F with ``--opd-type sglang``:
-
-* the curriculum depth of each step and the B2F prefix (``max(0, L_exp - k(n))`` expert turns in the
-  prompt, nothing of it trained);
-* the teacher is called once per trajectory and ``teacher_log_probs`` has ``response_length``
-  entries equal to the teacher's own scores of those tokens;
-* the trained-token layout: ``loss_mask`` covers exactly the student turns, removed samples
-  (``remove_sample``) are never trained, every reward handed to the estimator is 0 (pure OPD);
-* the rollout-log hook (``examples.multi_turn_tcod.metrics``) logs the step's depth and per-turn KL;
-
-with ``--opd-type megatron`` (in-trainer teacher): the agent loop sets ``reward = 0.0`` and keeps the
-environment's return in ``metadata["task_reward"]``, and no teacher server is called; and the flags'
-validation through upstream's ``slime_validate_args`` (the ``--custom-config-path`` YAML included): the
-default rollout function passes, ``tcod_k_max`` defaults to ``max_turns``, and each broken rule is refused
-naming its flag.
-
-Prints one line per check and exits 1 if any failed.
+This process imports slime from PORTED_SLIME_DIR only (ray, sglang and sglang_router stubbed, as upstream's CPU tests
+stub them); tiny student and teacher models are served by this project's ``hf_engine``, the student's also standing in
+for the router. Through upstream's parser, data source, ``set_current_rollout_id``, default ``generate_rollout`` ->
+``generate_and_rm`` -> the agent loop on gridnav -> ``async_rm`` -> the OPD teacher, then the reward post-processing
+as upstream's RolloutManager calls it, checked for F2B and B2F with ``--opd-type sglang``: each step's depth and the
+B2F prefix (``max(0, L_exp - k(n))`` expert turns, untrained); one teacher call per trajectory and
+``teacher_log_probs`` equal to the teacher's own scores; ``loss_mask`` covering exactly the student turns, removed
+samples untrained, every reward 0 (pure OPD); the rollout-log hook's depth and per-turn KL. With ``--opd-type
+megatron``: reward 0.0, the environment's return in ``metadata["task_reward"]``, no teacher call. Upstream's
+``slime_validate_args`` passes the default rollout function, defaults ``tcod_k_max`` to ``max_turns`` and refuses
+each broken rule naming its flag. One line per check; exit 1 on a failure.
 """
 
 from __future__ import annotations
@@ -45,8 +30,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # for tools.slime_pr.stubs; the upstream side takes it out again
-from tools.slime_pr import stubs  # noqa: E402
+sys.path.insert(0, str(REPO))  # for tools.slime_pr.trees; the upstream side takes it out again
+from tools.slime_pr import trees  # noqa: E402
 
 STUBBED_PACKAGES = ("ray", "sglang", "sglang_router")  # GPU / cluster packages, never imported for real
 RESULTS: list[tuple[bool, str]] = []
@@ -62,7 +47,7 @@ def check(ok: bool, what: str) -> bool:
 def use_upstream_tree(slime_dir: Path) -> None:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO]
     sys.path.insert(0, str(slime_dir))
-    stubs.install(STUBBED_PACKAGES)
+    trees.install(STUBBED_PACKAGES)
     import slime
 
     if Path(slime.__file__).resolve().parent != slime_dir / "slime":
@@ -76,16 +61,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+RUNTIME_ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}  # this project's processes
+
+
 def runtime(*argv: str, **kwargs):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, check=True, **kwargs)
+    return subprocess.run([sys.executable, *argv], cwd=REPO, env=RUNTIME_ENV, check=True, **kwargs)
 
 
 def start_engine(model: Path, log: Path):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "slime.backends.hf_engine", "--model-path", str(model),
-                                "--host", "127.0.0.1", "--port", str(port)], cwd=REPO, env=env,
+                                "--host", "127.0.0.1", "--port", str(port)], cwd=REPO, env=RUNTIME_ENV,
                                stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
@@ -152,18 +138,19 @@ def validate_through_upstream(args) -> str | None:
 
 
 # ---------------------------------------------------------------------------- the run
-def rollout(args, rollout_id: int, data_source):
+def rollout(args, rollout_id: int, data_source, teacher_url: str):
+    """The step's samples, and how many requests the teacher server got meanwhile."""
     from slime.rollout.base_types import call_rollout_fn
     from slime.rollout.sample_hooks import set_current_rollout_id
     from slime.rollout.sglang_rollout import GenerateState
     from slime.utils.misc import load_function
 
+    before = server_info(teacher_url)["generate_requests"]
     set_current_rollout_id(rollout_id)  # what RolloutManager.generate does before calling the rollout function
-    fn = load_function(args.rollout_function_path)
-    output = call_rollout_fn(fn, args, rollout_id, data_source, evaluation=False)
+    output = call_rollout_fn(load_function(args.rollout_function_path), args, rollout_id, data_source, evaluation=False)
     GenerateState(args).reset()
     samples = [s for group in output.samples for s in (group if isinstance(group, list) else [group])]
-    return samples
+    return samples, server_info(teacher_url)["generate_requests"] - before
 
 
 def teacher_scores(teacher_model, tokens: list[int]) -> list[float]:
@@ -341,9 +328,7 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
         GenerateState.clear_instances()  # upstream's singleton holds the args it was made with
         data_source = RolloutDataSourceWithBuffer(args)
         for step in (0, 2, 6):
-            before = server_info(teacher_url)["generate_requests"]
-            samples = rollout(args, step, data_source)
-            calls = server_info(teacher_url)["generate_requests"] - before
+            samples, calls = rollout(args, step, data_source, teacher_url)
             check_step(args, mode, step, samples, teacher_model, expert_len, calls)
 
     # --opd-type megatron: the teacher runs in the trainer, so the rollout hands GRPO a reward of 0.0. B2F,
@@ -356,9 +341,7 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
     GenerateState.clear_instances()
     data_source = RolloutDataSourceWithBuffer(args)
     for step in (0, 2):
-        before = server_info(teacher_url)["generate_requests"]
-        samples = rollout(args, step, data_source)
-        calls = server_info(teacher_url)["generate_requests"] - before
+        samples, calls = rollout(args, step, data_source, teacher_url)
         tag = f"megatron b2f step {step}"
         check(calls == 0 and all(s.teacher_log_probs is None for s in samples),
               f"{tag}: no teacher server call, no teacher log-probs at rollout time ({calls} calls)")

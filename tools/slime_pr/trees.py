@@ -1,20 +1,26 @@
-"""The trees verify.sh works on: copying an upstream checkout, checksumming it, and the environment its tests run in
-(the tree first on ``sys.path``, no stray ``SLIME_CONTRACT_*`` variables).
+"""The upstream trees the harness works on: copied, checksummed, the environment their tests run in (the tree
+first on ``sys.path``, no stray ``SLIME_CONTRACT_*``), and imported into this process with stubs.
 
     python tools/slime_pr/trees.py copy SRC DST   # a git checkout: its tracked and untracked-but-not-ignored
                                                   # files; a plain tree: all but VCS, cache and venv folders
     python tools/slime_pr/trees.py digest DIR     # one sha256 over paths, modes and contents (.git, caches,
                                                   # venvs, *.egg-info, *.pyc left out): port.py's idempotence
+
+The stubs stand for packages upstream imports but CPU checks never use (ray, sglang, megatron, ...), as upstream's own
+CPU contract tests stub them: every attribute a do-nothing class, its instantiations recorded in ``StubModule.used``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
+import importlib.machinery
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 ENV_PREFIX = "SLIME_CONTRACT_"
@@ -99,6 +105,68 @@ def tree_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})
     return env
+
+
+# ---------------------------------------------------------------------------- stubs
+class StubModule(types.ModuleType):
+    used: list[str] = []
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        qualified = f"{self.__name__}.{name}"
+
+        def init(obj, *args, **kwargs):
+            StubModule.used.append(qualified)
+
+        stub = type(name, (), {"__init__": init})
+        setattr(self, name, stub)
+        return stub
+
+
+class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers every import under ``packages`` with a :class:`StubModule`."""
+
+    def __init__(self, packages):
+        self.packages = tuple(packages)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in self.packages:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def install(packages) -> StubFinder:
+    finder = StubFinder(packages)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+# megatron.core.mpu as one process sees it alone: one data-, tensor- and context-parallel rank, the last (only)
+# pipeline stage, no process group.
+ONE_RANK = {"is_pipeline_last_stage": True, "get_context_parallel_world_size": 1, "get_context_parallel_rank": 0,
+            "get_tensor_model_parallel_rank": 0, "get_data_parallel_rank": 0, "get_data_parallel_world_size": 1,
+            "get_data_parallel_group": None}
+
+
+def install_one_rank_mpu() -> None:
+    """Stub megatron (if it is not already) and give it a ``megatron.core.mpu`` that answers ``ONE_RANK``."""
+    if not any(isinstance(f, StubFinder) and "megatron" in f.packages for f in sys.meta_path):
+        install(("megatron",))
+    import megatron.core
+
+    mpu = StubModule("megatron.core.mpu")
+    for name, value in ONE_RANK.items():
+        setattr(mpu, name, lambda *args, _value=value, **kwargs: _value)
+    sys.modules["megatron.core.mpu"] = megatron.core.mpu = mpu
 
 
 def main(argv=None) -> int:

@@ -1,15 +1,11 @@
 """Upstream slime's own CPU tests, run inside a tree: the Python that runs them, and one recorded session.
 
-``ensure_deps`` (the ``deps`` step of verify.sh) makes a Python able to import what the tests import: the missing
-modules are found by running the tests on the pristine tree (some are imported only inside the functions they
-test), then pip-installed when the tree's requirements.txt or ``ALSO_INSTALLABLE`` names them. ray, sglang,
-sglang_router and torch are never installed: upstream's contract tests stub the first three, torch is the user's
-choice of build.
-
-``run_session`` (contracts.py's internal ``_pytest`` step) runs pytest in a tree and writes each test's outcome
-as JSON, and for a failure the exception and how far into the test file it got (the line numbers of the test file
-on the traceback), so contracts.py can tell whether our hook stopped earlier in a contract test than upstream's
-own counterpart did.
+``ensure_deps`` (verify.sh's ``deps``) makes a Python able to import what the tests import: missing modules, found by
+running the tests on the pristine tree (some import inside the functions they test), are pip-installed when the
+tree's requirements.txt or ``ALSO_INSTALLABLE`` names them; never ray, sglang, sglang_router (upstream's contract
+tests stub them) or torch (the user's choice of build). ``run_session`` (contracts.py's ``_pytest``) runs pytest in a
+tree and writes each test's outcome as JSON, for a failure with the exception and how far into the test file it got
+(its lines on the traceback), so contracts.py can tell whether our hook stopped earlier than upstream's own.
 """
 
 from __future__ import annotations
@@ -31,23 +27,18 @@ except ImportError:  # run as a script from this folder
 UPSTREAM_TESTS = ["tests/test_sample.py", "tests/test_rollout_metrics.py", "tests/test_megatron_argument_validation.py",
                   "tests/plugin_contracts"]
 
-# Modules never installed by this harness (GPU stack or stubbed by upstream's tests), and pip names of
-# import names that differ.
-NEVER_INSTALL = {"ray", "sglang", "sglang_router", "torch", "megatron", "transformer_engine", "flash_attn",
-                 "apex", "vllm", "deep_ep", "deep_gemm", "triton", "slime", "examples", "tests",
-                 "plugin_contracts"}
-PIP_NAME = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf", "git": "gitpython",
-            "sentry_sdk": "sentry-sdk", "dateutil": "python-dateutil", "attr": "attrs",
-            "sklearn": "scikit-learn", "cv2": "opencv-python-headless"}
-
-# Installed when missing besides what the tree's requirements.txt lists (imported by upstream's code, but
-# brought in there by sglang).
+# Modules never installed by this harness (GPU stack or stubbed by upstream's tests), and pip names of import names
+# that differ.
+NEVER_INSTALL = {"ray", "sglang", "sglang_router", "torch", "megatron", "transformer_engine", "flash_attn", "apex",
+                 "vllm", "deep_ep", "deep_gemm", "triton", "slime", "examples", "tests", "plugin_contracts"}
+PIP_NAME = {"yaml": "pyyaml", "PIL": "pillow", "google": "protobuf", "git": "gitpython", "sentry_sdk": "sentry-sdk",
+            "dateutil": "python-dateutil", "attr": "attrs", "sklearn": "scikit-learn", "cv2": "opencv-python-headless"}
+# Installed when missing besides what the tree's requirements.txt lists (upstream's code imports them; sglang
+# brings them in there).
 ALSO_INSTALLABLE = {"pytest", "numpy", "pybase64", "pyyaml", "tqdm", "httpx", "aiohttp", "pillow"}
-
 # Modules imported by the counterpart hooks (loaded only while a test runs, so collection misses them).
 COUNTERPART_MODULES = ["examples.geo3k_vlm_multi_turn.rollout", "slime.rollout.on_policy_distillation",
                        "slime.rollout.sglang_rollout"]
-
 _MISSING_RE = re.compile(r"No module named '([^']+)'")
 
 _PROBE = """
@@ -67,15 +58,11 @@ def _probe_missing(tree: Path) -> tuple[set[str], str]:
     """Import names that upstream's CPU tests (and the counterpart hooks) cannot find on this Python.
 
     The tests are run, not only collected: some modules are imported inside the functions they test."""
-    env = tree_env(tree)
-    runs = [
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", "-rfE",
-         "--continue-on-collection-errors", *UPSTREAM_TESTS],
-        [sys.executable, "-c", _PROBE, *COUNTERPART_MODULES],
-    ]
+    pytest = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", "-rfE", "--continue-on-collection-errors"]
     missing, text = set(), ""
-    for cmd in runs:
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+    for cmd in ([*pytest, *UPSTREAM_TESTS], ["-c", _PROBE, *COUNTERPART_MODULES]):
+        proc = subprocess.run([sys.executable, *cmd], cwd=tree, env=tree_env(tree), capture_output=True, text=True,
+                              timeout=600)
         out = proc.stdout + proc.stderr
         text += out
         missing |= {m.split(".")[0] for m in _MISSING_RE.findall(out)}
@@ -152,10 +139,8 @@ def ensure_deps(tree: Path, no_install: bool) -> int:
             "PYTHON. The tests that need it fail on both trees. Output of the pristine run:")
         say(tail(text, 30))
         return 1
-    if installed:
-        say(f"[deps] installed into {sys.executable}: {' '.join(installed)}")
-    else:
-        say(f"[deps] upstream's CPU tests import fine with {sys.executable} (nothing installed)")
+    say(f"[deps] installed into {sys.executable}: {' '.join(installed)}" if installed else
+        f"[deps] upstream's CPU tests import fine with {sys.executable} (nothing installed)")
     return 0
 
 

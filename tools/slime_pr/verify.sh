@@ -2,65 +2,41 @@
 # Proof harness of this repository's pull requests for THUDM/slime: port one onto copies of an upstream tree and
 # check it as slime's CI and its reviewers would.
 #
-#   tools/slime_pr/verify.sh [--pr tcod|adaptive-kl] SLIME_DIR        (the TCOD PR by default)
+# usage: tools/slime_pr/verify.sh [--pr tcod|adaptive-kl] SLIME_DIR        (the TCOD PR by default)
 #
-# SLIME_DIR is an upstream THUDM/slime checkout (git repo or plain tree); it is only read. In a temp dir:
-#   1. pristine/ and ported/ copies (trees.py); port.py --pr PR on ported/, then again, which must change nothing
-#      (tree checksum before and after); adaptive-kl: also on a copy that holds the TCOD PR first, where its
-#      loss.py and actor.py must come out the same;
-#   2. tcod: PYTHON made able to import what upstream's CPU tests import (missing light packages pip-installed
-#      into it, said so; never ray/sglang/torch), then upstream's tests/test_sample.py, test_rollout_metrics.py,
-#      test_megatron_argument_validation.py (slime_validate_args, which the PR edits) and tests/plugin_contracts/
-#      on ported/ with SLIME_CONTRACT_* pointed at the PR's hooks and on pristine/ with upstream's own
-#      counterparts, each test PASS / FAIL-SHARED / FAIL-OURS (contracts.py has the rules);
-#   3. upstream's CPU CI jobs as GitHub runs them (cpu_ci.py): a Python 3.10 virtualenv per CPU job of
-#      pr-test.yml.j2 with exactly the job's pip lines, built once and cached (torch from PyPI when
-#      download.pytorch.org cannot be reached: the CUDA build, ~4.6 GB, runs on CPU); then `python tests/FILE`
-#      from each tree's root for every file those jobs register: ported/ must pass every file pristine/ passes,
-#      and the PR's CPU tests (registered by port.py) must end in `N passed`, nothing skipped;
-#   4. tcod: smoke.py ported/ (F2B and B2F through upstream's rollout flow, tiny models on CPU);
-#   5. verify_pr.py: the PR's caps (its manifest's CAPS), no PR line naming this repository's runtime,
-#      upstream's pinned linters, its tests as CI registers them (NUM_GPUS, runner, no conftest.py), its links;
-#   6. tcod: verify_objective.py (both teacher modes train pure OPD through upstream's reward post-processing
-#      and advantages, as this runtime does) and, with MEGATRON_LM_DIR set, check_launch_flags.py;
-#   7. adaptive-kl: with nothing new asked, ppo / grpo / reinforce_plus_plus(_baseline) advantages, returns and
-#      KL bit-identical between pristine/ and ported/ (kl_bit_identity.py, in the CPU-CI venv).
+# SLIME_DIR (an upstream checkout; git repo or plain tree) is only read. In a temp dir, each step a script here:
+#   1. pristine/ and ported/ copies (trees.py); port.py on ported/, then again: must change nothing (checksums);
+#      adaptive-kl: also on a copy that holds the TCOD PR first, where loss.py and actor.py must come out the same;
+#   2. tcod: contracts.py: PYTHON made able to import what upstream's CPU tests import, then those tests and its
+#      plugin contracts on ported/ with the PR's hooks, on pristine/ with its own: PASS / FAIL-SHARED / FAIL-OURS;
+#   3. cpu_ci.py: upstream's CPU CI jobs as GitHub runs them (a cached Python 3.10 venv per job, its pip lines),
+#      every registered file on both trees: ported/ passes what pristine/ passes, the PR's own end in `N passed`;
+#   4. tcod: smoke.py on ported/ (F2B and B2F through upstream's rollout flow, tiny models on CPU);
+#   5. verify_pr.py: the PR's caps, wording, upstream's pinned linters, its tests' registration, its links;
+#   6. tcod: verify_objective.py (both teacher modes train pure OPD, upstream and here) and, with MEGATRON_LM_DIR,
+#      check_launch_flags.py (the launch script's and GPU test's flags against upstream's parsers);
+#   7. adaptive-kl: kl_bit_identity.py (CPU-CI venv): pristine/'s and ported/'s advantages, returns and KL
+#      bit-identical when nothing new is asked (ppo, grpo, reinforce_plus_plus(_baseline)).
 # Exit status 0 only if every step passed; the last line sums them up.
 #
-# Environment:
-#   PYTHON               interpreter (default: this repo's .venv/bin/python, else python3)
-#   KEEP_TMP=1           keep the temp dir (its path is printed)
-#   VERIFY_NO_INSTALL=1  never pip-install; fail listing what is missing
-#   SMOKE_TIMEOUT        seconds for smoke.py (default 900)
-#   VERIFY_PYTEST_TIMEOUT  seconds for each pytest run of upstream's tests (default 600)
-#   PORT_PY              port script to use instead of port.py (for developing this harness)
-#   PY310                the Python 3.10 of the CPU-CI step (default: python3.10 on PATH, else pyenv's 3.10.x)
-#   CPU_CI_CACHE         where the CPU-CI venvs are cached (default ${XDG_CACHE_HOME:-~/.cache}/slime-tcod/cpu-ci)
-#   CPU_CI_REBUILD=1     rebuild them; CPU_CI_TORCH  torch pin when torch comes from PyPI (default torch==2.13.0)
-#   CPU_CI_TIMEOUT       seconds for each `python tests/FILE` of the CPU-CI step (default 1800)
-#   CPU_CI_PARALLEL      files run at a time in the CPU-CI step (default 2)
-#   MEGATRON_LM_DIR      a Megatron-LM tree at upstream's pinned commit: also check the launch flags
-#   SGLANG_SERVER_ARGS   an sglang wheel (or its server_args.py) for the --sglang-* flags of that check
+# Environment: PYTHON (default: this repo's .venv/bin/python, else python3); KEEP_TMP=1 keeps the temp dir;
+# VERIFY_NO_INSTALL=1 never pip-installs (fails listing what is missing); SMOKE_TIMEOUT (s, default 900);
+# VERIFY_PYTEST_TIMEOUT (s per pytest run of upstream's tests, default 600); PORT_PY (another port script, to
+# develop this harness); the CPU-CI step's PY310 and CPU_CI_CACHE, CPU_CI_REBUILD, CPU_CI_TORCH, CPU_CI_TIMEOUT,
+# CPU_CI_PARALLEL (cpu_ci_env.py, cpu_ci.py); MEGATRON_LM_DIR (Megatron-LM at upstream's pinned commit: check the
+# launch flags) and SGLANG_SERVER_ARGS (an sglang wheel or its server_args.py, for that check's --sglang-* flags).
 set -euo pipefail
 
 VERIFIED_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
-REL_HERE="tools/slime_pr"
 
 say() { printf '%s\n' "$*"; }
 step() { printf '\n== %s\n' "$*"; }
 die() { printf 'verify.sh: ERROR: %s\n' "$*" >&2; exit 2; }
 
-usage() {
-    cat >&2 <<EOF
-usage: $REL_HERE/verify.sh [--pr tcod|adaptive-kl] SLIME_DIR
-
-Ports one of this repository's pull requests (default: tcod) onto a copy of the upstream slime tree SLIME_DIR
-(never modified) and checks it as upstream's CI and reviewers would. Verified against upstream commit
-$VERIFIED_COMMIT. See the header of this script for the steps and environment variables.
-EOF
-    exit "${1:-2}"
+usage() { # the header's first lines; the steps and environment variables follow them there
+    sed -n '2,7s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2 && exit "${1:-2}"
 }
 
 PR=tcod
@@ -84,15 +60,12 @@ SLIME_DIR="$(cd "$1" && pwd -P)"
 [[ "$SLIME_DIR" != "$(cd "$REPO" && pwd -P)" ]] || die "SLIME_DIR is this project ($REPO), not an upstream slime tree"
 for f in slime/__init__.py slime/utils/arguments.py slime/utils/types.py slime/rollout/sglang_rollout.py \
     tests/test_sample.py tests/test_rollout_metrics.py tests/plugin_contracts/_shared.py; do
-    [[ -f "$SLIME_DIR/$f" ]] || die "SLIME_DIR '$SLIME_DIR' is not an upstream slime tree (no $f); pass a THUDM/slime checkout"
+    [[ -f "$SLIME_DIR/$f" ]] || die "SLIME_DIR '$SLIME_DIR' is not an upstream slime tree (no $f); pass a checkout"
 done
 for f in "${PORTED_MARKERS[@]}"; do
-    [[ ! -e "$SLIME_DIR/$f" ]] || die "SLIME_DIR already has $f: it looks ported already; pass an unmodified upstream tree"
+    [[ ! -e "$SLIME_DIR/$f" ]] || die "SLIME_DIR already has $f: it looks ported already; pass an unmodified tree"
 done
-PYTHON="${PYTHON:-}"
-if [[ -z "$PYTHON" ]]; then
-    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON="python3"; fi
-fi
+[[ -n "${PYTHON:-}" ]] || { [[ -x "$REPO/.venv/bin/python" ]] && PYTHON="$REPO/.venv/bin/python" || PYTHON=python3; }
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON '$PYTHON' not found"
 PY_VERSION="$("$PYTHON" -c 'import sys; print(sys.version.split()[0])')" || die "PYTHON '$PYTHON' does not run"
 PORT_PY="${PORT_PY:-$HERE/port.py}"
@@ -119,24 +92,17 @@ say "PYTHON: $PYTHON (Python $PY_VERSION); PR: $PR"
 TMP_BASE="${TMPDIR:-/tmp}"
 case "$(cd "$TMP_BASE" && pwd -P)/" in "$(cd "$REPO" && pwd -P)"/*) TMP_BASE=/tmp ;; esac
 TMP="$(mktemp -d "$TMP_BASE/slime-pr-verify.XXXXXX")"
-cleanup() { if [[ "${KEEP_TMP:-0}" == "1" ]]; then say "kept temp dir (KEEP_TMP=1): $TMP"; else rm -rf "$TMP"; fi; }
-trap cleanup EXIT
+trap 'if [[ "${KEEP_TMP:-0}" == "1" ]]; then say "kept temp dir (KEEP_TMP=1): $TMP"; else rm -rf "$TMP"; fi' EXIT
 say "temp dir: $TMP"
-SLIME_DIR_DIGEST="$("${TREES[@]}" digest "$SLIME_DIR")"
 
 COMMIT_SHORT="${UPSTREAM_COMMIT:0:12}"
 PARTS=("upstream ${COMMIT_SHORT:-unknown}") # "what: result" of every step run, in order
 ALL_OK=1
 part() { PARTS+=("$1"); } # a step's result
 bad() { ALL_OK=0; }       # a step failed
-summary() { # the last line of every run that got this far
-    say "verify.sh --pr $PR SUMMARY:$(printf ' %s |' "${PARTS[@]}") RESULT: $1"
-}
+summary() { say "verify.sh --pr $PR SUMMARY:$(printf ' %s |' "${PARTS[@]}") RESULT: $1"; } # the last line
 fail() { # an error after which nothing else can be checked
-    printf 'verify.sh: ERROR: %s\n' "$*" >&2
-    step "summary"
-    summary FAILED
-    exit 1
+    printf 'verify.sh: ERROR: %s\n' "$*" >&2 && step "summary" && summary FAILED && exit 1
 }
 
 # ---- 1. copies and port --------------------------------------------------------------------------------
@@ -156,7 +122,7 @@ if ! "${PORT[@]}" "$TMP/ported" 2>&1 | sed 's/^/  | /'; then
     fail "port.py failed on a fresh copy of SLIME_DIR (output above)"
 fi
 PORTED_DIGEST="$("${TREES[@]}" digest "$TMP/ported")"
-[[ "$PORTED_DIGEST" != "$PRISTINE_DIGEST" ]] || { part "port changed nothing" && fail "port.py changed nothing in ported/"; }
+[[ "$PORTED_DIGEST" != "$PRISTINE_DIGEST" ]] || { part "port changed nothing" && fail "port.py changed nothing"; }
 cp -a "$TMP/ported" "$TMP/ported.first-run"
 say "\$ $PYTHON ${PORT_PY#"$REPO"/} --pr $PR $TMP/ported   # again: must change nothing"
 if ! "${PORT[@]}" "$TMP/ported" 2>&1 | sed 's/^/  | /'; then
@@ -213,11 +179,11 @@ part "CPU CI: $([[ $CPU_CI_RC -eq 0 ]] || echo "FAILED: ")$CPU_CI"
 # ---- 4. smoke (tcod) -----------------------------------------------------------------------------------
 if [[ $PR == tcod ]]; then
     step "smoke"
-    say "\$ $PYTHON $REL_HERE/smoke.py $TMP/ported"
+    say "\$ $PYTHON ${HERE#"$REPO"/}/smoke.py $TMP/ported"
     mkdir -p "$TMP/smoke-tmp" # smoke.py's own temp folders land here and go with ours
     SMOKE_RC=0
     TMPDIR="$TMP/smoke-tmp" timeout --kill-after=30 "${SMOKE_TIMEOUT:-900}" \
-        "$PYTHON" "$REL_HERE/smoke.py" "$TMP/ported" || SMOKE_RC=$?
+        "$PYTHON" "$HERE/smoke.py" "$TMP/ported" || SMOKE_RC=$?
     if [[ $SMOKE_RC -eq 124 ]]; then SMOKE="TIMED OUT after ${SMOKE_TIMEOUT:-900}s"; else SMOKE="exit $SMOKE_RC"; fi
     [[ $SMOKE_RC -eq 0 ]] || bad
     say "smoke.py: $SMOKE"
@@ -267,7 +233,5 @@ fi
 
 # ---- summary -------------------------------------------------------------------------------------------
 step "summary"
-[[ "$("${TREES[@]}" digest "$SLIME_DIR")" == "$SLIME_DIR_DIGEST" ]] ||
-    say "WARNING: SLIME_DIR changed while this ran (not by this harness's copies)"
 if [[ $ALL_OK -eq 1 ]]; then summary OK; else summary FAILED; fi
 [[ $ALL_OK -eq 1 ]]

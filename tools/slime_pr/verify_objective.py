@@ -2,34 +2,21 @@
 
     python tools/slime_pr/verify_objective.py PORTED_OR_PRISTINE_SLIME_DIR
 
-The TCOD / OPD objective is pure OPD: the estimator gets a reward of 0.0 per sample whatever the
-environment returned (kept in ``metadata["task_reward"]``), so the advantage is the teacher term
-``-opd_kl_coef * (student - teacher)``. The agent loop gets there in both teacher modes:
-
-* ``--opd-type sglang``: it leaves ``sample.reward`` None, upstream's OPD ``reward_func`` stores the
-  teacher server's reply and its ``post_process_rewards`` returns 0.0;
-* ``--opd-type megatron``: it sets ``sample.reward = 0.0`` (no reward model, no hook), so upstream's own
-  GRPO group normalisation hands 0.0 on even when ``--n-samples-per-prompt`` > 1, where a group of
-  environment returns would otherwise be trained; the teacher log-probs come from the trainer's forward.
-
-The same multi-turn-like samples (observations masked, nonzero environment returns) go through
-
-* upstream, in a subprocess importing slime only from the given tree: ``rm_hub.async_rm`` (its OPD
-  ``reward_func`` against a local fake teacher answering like SGLang's ``/generate``) where the reward is
-  None, the ``RolloutManager``'s ``_convert_samples_to_train_data`` (its reward post-processing) and
-  ``_split_train_data_by_dp``, the Megatron actor's ``_get_rollout_data``, ``compute_advantages_and_returns``.
-  ``STUBBED_PACKAGES`` are stubbed for import-time references (``megatron.core.mpu``: one rank, one
-  stage), the accelerator answers ``cpu``, and given "recomputed" log-probs (and, for ``megatron``, the
-  fake teacher's scores) stand in for the Megatron log-prob forwards;
-* this runtime (``--opd-type sglang``): ``assign_rewards``, ``select_trainable``, ``RolloutTrainer.train``
-  (scoring given, the optimiser step skipped).
-
-Checked per case (grpo; n_samples_per_prompt 1, 2 and 4; student log-probs from the rollout or recomputed),
-to 1e-6: the rewards handed to the estimator (0), teacher log-probs, advantages of every response token
-(upstream's sglang mode = this runtime = upstream's megatron mode = the closed form), the OPD reverse KL
-kept for logging; and identical teacher requests. Negative controls: upstream with a hook returning the
-environment's return (the old port), and megatron mode with the return as ``sample.reward`` (the old agent
-loop), must differ. ``INFO`` lines are not checked. Exits 1 on a failure.
+Pure OPD: the estimator gets a reward of 0.0 per sample whatever the environment returned (kept in
+``metadata["task_reward"]``), so the advantage is ``-opd_kl_coef * (student - teacher)``. With ``--opd-type sglang``
+the agent loop leaves ``sample.reward`` None, upstream's OPD ``reward_func`` stores the teacher's reply and its
+``post_process_rewards`` returns 0.0; with ``--opd-type megatron`` it sets ``sample.reward = 0.0``, which upstream's
+GRPO group normalisation hands on even when ``--n-samples-per-prompt`` > 1. The same samples (objective_cases.py) go
+through upstream, in a subprocess importing slime only from the given tree (``rm_hub.async_rm`` against a fake
+teacher, the ``RolloutManager``'s reward post-processing and data split, the Megatron actor's ``_get_rollout_data``,
+``compute_advantages_and_returns``; ``STUBBED_PACKAGES`` stubbed, the accelerator ``cpu``, given log-probs standing in
+for the Megatron forwards), and through this runtime (``assign_rewards``, ``select_trainable``,
+``RolloutTrainer.train`` with scoring given and no optimiser step). Checked per case (grpo; 1, 2 and 4 samples per
+prompt; student log-probs from the rollout or recomputed), to 1e-6: the rewards handed to the estimator (0), teacher
+log-probs, every response token's advantage (upstream's sglang mode = this runtime = upstream's megatron mode = the
+closed form), the OPD reverse KL kept for logging, identical teacher requests. Negative controls (upstream with a hook
+returning the environment's return, megatron mode with the return as ``sample.reward``) must differ. ``INFO`` lines
+are not checked. Exits 1 on a failure.
 """
 
 from __future__ import annotations
@@ -44,8 +31,8 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # for tools.slime_pr.stubs; the upstream side takes it out again
-from tools.slime_pr import stubs  # noqa: E402
+sys.path.insert(0, str(REPO))  # for tools.slime_pr.trees; the upstream side takes it out again
+from tools.slime_pr import trees  # noqa: E402
 from tools.slime_pr.objective_cases import Report, TeacherServer, build_spec, compare  # noqa: E402
 from tools.slime_pr.objective_cases import teacher_response_log_probs  # noqa: E402
 
@@ -58,7 +45,6 @@ TASK_REWARD_HOOK = "_verify_objective_hooks.post_process_task_reward"
 
 # --opd-type megatron runs only parsed here: the teacher checkpoint is never validated nor loaded.
 MEGATRON_TEACHER = "/nonexistent/teacher_torch_dist"
-
 
 
 def common_flags(case: dict, teacher_url: str, hook: str | None, opd_type: str = "sglang") -> list[str]:
@@ -110,8 +96,8 @@ def _by_index(samples, values) -> dict[str, list[float]]:
 
 # ---------------------------------------------------------------------------- upstream side
 def _install_upstream_stubs() -> None:
-    stubs.install(STUBBED_PACKAGES)
-    stubs.install_one_rank_mpu()
+    trees.install(STUBBED_PACKAGES)
+    trees.install_one_rank_mpu()
     import ray
 
     def remote(*args, **kwargs):
@@ -136,9 +122,7 @@ def _upstream_args(case: dict, teacher_url: str, hook: str | None, normalize: bo
     return args
 
 
-def _upstream_run(
-    case: dict, teacher_url: str, hook: str | None, normalize: bool = False, opd_type: str = "sglang", reward=None
-) -> dict:
+def _upstream_run(case: dict, teacher_url: str, hook: str | None, normalize=False, opd_type="sglang", reward=None):
     import torch
 
     from slime.backends.megatron_utils import actor as megatron_actor
@@ -162,12 +146,7 @@ def _upstream_run(
     hook_path = args.custom_reward_post_process_path  # None with --opd-type megatron: upstream's own rules
     manager.custom_reward_post_process_func = load_function(hook_path) if hook_path else None
     manager.custom_convert_samples_to_train_data_func = None
-    manager.train_parallel_config = {
-        "dp_size": 1,
-        "cp_size": 1,
-        "vpp_size": 1,
-        "microbatch_group_size_per_vp_stage": 1,
-    }
+    manager.train_parallel_config = {"dp_size": 1, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
     train_data = manager._convert_samples_to_train_data(samples)
     refs = manager._split_train_data_by_dp(train_data)
     rollout_data = megatron_actor.MegatronTrainRayActor._get_rollout_data(types.SimpleNamespace(args=args), refs)
@@ -209,7 +188,7 @@ def upstream_side(tree: Path, spec: dict) -> dict:
         raise SystemExit(f"upstream side imported slime modules from outside {tree}: {foreign}")
     accelerator.current_device = lambda: "cpu"  # no accelerator on this machine
     _install_task_reward_hook(opd)
-    stubs.StubModule.used.clear()
+    trees.StubModule.used.clear()
     out = {"cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         # Whitening all-reduces over the data-parallel group: a one-rank gloo group.
@@ -229,37 +208,11 @@ def upstream_side(tree: Path, spec: dict) -> dict:
             out["cases"][case["name"]] = runs
         dist.destroy_process_group()
     out["stubbed_modules"] = sorted(n for n in sys.modules if n.split(".")[0] in STUBBED_PACKAGES)
-    out["stubs_called"] = sorted(set(stubs.StubModule.used))
+    out["stubs_called"] = sorted(set(trees.StubModule.used))
     return out
 
 
 # ---------------------------------------------------------------------------- runtime side
-def _runtime_hook_is_pure() -> bool:
-    """Whether this runtime's post-process hook returns 0.0 for a sample with a nonzero task reward."""
-    from slime.rollout import on_policy_distillation as opd
-    from slime.utils.types import Sample
-
-    reply = {"meta_info": {"input_token_logprobs": [[None, 1, None], [-0.5, 2, None]]}}
-    probe = Sample(index=0, tokens=[1, 2], response_length=1, reward=reply, metadata={"task_reward": 1.0})
-    args = types.SimpleNamespace(opd_teacher_top_k=0, rm_url=None)
-    raw, rewards = opd.post_process_rewards(args, [probe])
-    return list(rewards) == [0.0]
-
-
-def make_pure_opd_hook() -> None:
-    """Patch this process's ``post_process_rewards`` to return 0.0 rewards, as upstream's does."""
-    from slime.rollout import on_policy_distillation as opd
-
-    original = opd.post_process_rewards
-
-    def post_process_rewards(args, samples, **kwargs):
-        raw, _ = original(args, samples, **kwargs)
-        zeros = [0.0] * len(raw)
-        return list(zeros), zeros
-
-    opd.post_process_rewards = post_process_rewards
-
-
 def _runtime_run(case: dict, teacher_url: str, hook: str, normalize: bool = False) -> dict:
     import torch
 
@@ -311,30 +264,19 @@ def _runtime_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fals
     }
 
 
-RUNTIME_VARIANTS = ("pure", "pure_whitened", "task")
-
-
-def runtime_side(spec: dict, patch_pure: bool = True, variants=RUNTIME_VARIANTS) -> dict:
-    """This runtime's results for every case; with ``patch_pure`` a task-reward OPD hook is made pure first."""
+def runtime_side(spec: dict) -> dict:
+    """This runtime's results for every case: its own OPD hook (pure, whitened) and the task-reward control."""
     sys.path.insert(0, str(REPO))
     import slime
     import slime.rollout.on_policy_distillation as opd
 
     if Path(slime.__file__).resolve().parent != REPO / "slime":
         raise SystemExit(f"runtime side imported slime from {slime.__file__}, not {REPO}/slime")
-    out = {"cases": {}, "hook_was_pure": _runtime_hook_is_pure(), "patched": False}
     _install_task_reward_hook(opd)
-    if patch_pure and not out["hook_was_pure"]:
-        make_pure_opd_hook()
-        out["patched"] = True
-    runs = {
-        "pure": (f"{OPD_HOOKS}.post_process_rewards", False),
-        "pure_whitened": (f"{OPD_HOOKS}.post_process_rewards", True),
-        "task": (TASK_REWARD_HOOK, False),
-    }
-    for case in spec["cases"]:
-        out["cases"][case["name"]] = {v: _runtime_run(case, spec["teacher_url"], *runs[v]) for v in variants}
-    return out
+    pure = f"{OPD_HOOKS}.post_process_rewards"
+    runs = {"pure": (pure, False), "pure_whitened": (pure, True), "task": (TASK_REWARD_HOOK, False)}
+    return {"cases": {case["name"]: {v: _runtime_run(case, spec["teacher_url"], *run) for v, run in runs.items()}
+                      for case in spec["cases"]}}
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -352,10 +294,9 @@ def _run_side(side: str, tree: Path | None, spec: dict, work: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("slime_dir", nargs="?", type=Path, help="upstream slime tree (pristine or ported)")
-    parser.add_argument("--side", choices=("upstream", "runtime"), help=argparse.SUPPRESS)
-    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=("upstream", "runtime"), help=argparse.SUPPRESS)  # _run_side's subprocess
+    for internal in ("--tree", "--spec", "--out"):
+        parser.add_argument(internal, type=Path, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.side:
         spec = json.loads(opts.spec.read_text())
@@ -367,25 +308,18 @@ def main(argv=None) -> int:
     report = Report()
     with tempfile.TemporaryDirectory(prefix="verify_objective_") as tmp, TeacherServer() as up_teacher:
         cases = build_spec()
-        upstream = _run_side(
-            "upstream", opts.slime_dir.resolve(), {"cases": cases, "teacher_url": up_teacher.url}, Path(tmp)
-        )
+        upstream = _run_side("upstream", opts.slime_dir.resolve(), {"cases": cases, "teacher_url": up_teacher.url},
+                             Path(tmp))
         with TeacherServer() as rt_teacher:
             runtime = _run_side("runtime", None, {"cases": cases, "teacher_url": rt_teacher.url}, Path(tmp))
         report.info(f"upstream stubs imported: {', '.join(upstream['stubbed_modules'])}")
         report.info(f"upstream stubs instantiated during the flow: {upstream['stubs_called'] or 'none'}")
-        if runtime["patched"]:
-            report.info(
-                "this runtime's post_process_rewards returned metadata['task_reward'], not 0.0: it was patched to "
-                "return 0.0 in the runtime subprocess only (the lead's change to pure OPD is not in yet)"
-            )
         key = lambda payload: json.dumps(payload, sort_keys=True)  # noqa: E731
         up_requests, rt_requests = set(map(key, up_teacher.requests)), set(map(key, rt_teacher.requests))
-        report.check(
-            up_requests == rt_requests and len(up_requests) == sum(len(c["samples"]) for c in cases),
-            f"teacher requests: the same {len(up_requests)} distinct payloads on both sides (one per sample; "
-            f"{len(up_teacher.requests)} sent by upstream's runs, {len(rt_teacher.requests)} by this runtime's)",
-        )
+        report.check(up_requests == rt_requests and len(up_requests) == sum(len(c["samples"]) for c in cases),
+                     f"teacher requests: the same {len(up_requests)} distinct payloads on both sides (one per "
+                     f"sample; {len(up_teacher.requests)} sent by upstream's runs, {len(rt_teacher.requests)} by "
+                     "this runtime's)")
         compare({"cases": cases}, upstream, runtime, report)
     print(f"{'FAILED' if report.failed else 'OK'}: {report.failed} failed check(s)", flush=True)
     return 1 if report.failed else 0

@@ -1,21 +1,14 @@
 """A PR read as a maintainer would: its size, its wording, upstream's linters, its own tests and links.
 
     python tools/slime_pr/verify_pr.py [--pr tcod|adaptive-kl] PRISTINE PORTED
-    python tools/slime_pr/verify_pr.py --lint [--pr tcod|adaptive-kl] [--fix] [FILE ...]
+    python tools/slime_pr/verify_pr.py --lint SLIME_DIR [--pr tcod|adaptive-kl] [--fix] [FILE ...]
 
-* caps (the manifest's ``CAPS``): lines added under ``slime/`` and in all (``UNCOUNTED`` files apart), the
-  example's Python; no upstream file replaced or (with ``CAPS["removed"]``) losing more lines than that;
-* no line the PR adds names this repository's runtime (``RUNTIME_NAMES``), each hit reported as file:line;
-* upstream's pre-commit linters at their pinned versions (``PINNED``) and upstream's settings
-  (``UPSTREAM_SETTINGS``) on every Python file the PR adds or edits; ``--lint`` runs them on this repository's
-  copies of the PR's files (or on FILE ...), ``--fix`` rewrites them as upstream's hooks would;
-* the PR's tests as upstream's CI finds them (``registration_problems``): each CPU test declares
-  ``NUM_GPUS = 0``, ends in upstream's ``__main__`` runner and is registered in a CPU job of the ported
-  ``pr-test.yml.j2``; the GPU test is registered once per configuration with the GPUs it uses; the PR adds
-  no ``conftest.py``. The CPU tests *run* in ``cpu_ci.py``, in upstream's CPU-CI environment;
-* every relative link of the PR's Markdown files resolves inside the ported tree.
-
-One line per check, then the counts; exit 1 if any check failed.
+Checked: the manifest's ``CAPS`` (lines added under ``slime/`` and in all, ``UNCOUNTED`` apart; the example's Python;
+no upstream file replaced or losing more than ``CAPS["removed"]`` lines); no added line naming this repository's
+runtime (``RUNTIME_NAMES``); upstream's pre-commit linters at their ``PINNED`` versions with upstream's pyproject.toml
+on every Python file it adds or edits (``--lint``: on this repository's copies of them, or FILE ..., with SLIME_DIR's
+settings; ``--fix`` rewrites them); its tests as upstream's CI finds them (``registration_problems``); every relative
+link of its Markdown resolving in the ported tree. One line per check, then the counts; exit 1 if any failed.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ import difflib
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -39,8 +31,9 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # its environments that do not ship with the example, attributes that only its own flags set (upstream
 # would raise AttributeError), its environment package and its second environment contract (make_env).
 # Matched case-insensitively as whole words, in the lines the PR adds.
-RUNTIME_NAMES = ("slime-tcod", "hanoi", "ScienceWorld", "TextWorld", "ALFWorld", "WebShop", "the demo", "engine_limits",
-                 "rollout_engine_urls", "tcod_prefix_source", "tcod_prefix_replay_path", "examples.agent_envs", "make_env")
+RUNTIME_NAMES = ("slime-tcod", "hanoi", "ScienceWorld", "TextWorld", "ALFWorld", "WebShop", "the demo",
+                 "engine_limits", "rollout_engine_urls", "tcod_prefix_source", "tcod_prefix_replay_path",
+                 "examples.agent_envs", "make_env")
 _RUNTIME_NAME = re.compile(r"(?<![\w-])(" + "|".join(re.escape(n) for n in RUNTIME_NAMES) + r")(?![\w-])", re.I)
 # The paper's benchmarks may be named where a setting is cited to the official TCOD configs (the launch
 # script's eta values come from its ALFWorld / ScienceWorld / WebShop YAMLs); nowhere else.
@@ -48,28 +41,6 @@ OFFICIAL_BENCHMARKS = {"scienceworld", "alfworld", "webshop"}
 OFFICIAL_CITATION = re.compile(r"official|kokolerk/TCOD", re.I)
 SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
 PINNED = {"black": "24.3.0", "isort": "5.13.2", "ruff": "0.14.7", "autoflake": "2.0.2"}
-UPSTREAM_SETTINGS = """# upstream slime's pyproject.toml at the verified commit, its linters' part
-[tool.black]
-line_length = 119
-
-[tool.ruff]
-line-length = 320
-
-[tool.ruff.lint]
-select = ["E", "F", "B", "UP"]
-ignore = ["E402", "E501"]
-
-[tool.isort]
-profile = "black"
-line_length = 119
-ignore_whitespace = true
-py_version = 310
-sections = ["FUTURE", "STDLIB", "THIRDPARTY", "FIRSTPARTY", "LOCALFOLDER"]
-default_section = "THIRDPARTY"
-known_first_party = ["slime", "slime_plugins"]
-known_third_party = ["megatron", "wandb", "ray", "transformers"]
-src_paths = ["slime", "slime_plugins"]
-"""
 FAILED: list[str] = []
 
 
@@ -93,24 +64,22 @@ def missing_linters() -> list[str]:
     return [f"{tool}=={want}" for tool, want in PINNED.items() if installed(tool) != want]
 
 
-def lint(files: list[str], fix: bool = False) -> list[str]:
-    """Findings (empty: clean). With ``fix`` the files are rewritten first, as pre-commit would."""
-    with tempfile.NamedTemporaryFile("w", suffix=".toml") as settings:
-        settings.write(UPSTREAM_SETTINGS)
-        settings.flush()
-        cfg = settings.name
+def lint(files: list[str], settings: Path, fix: bool = False) -> list[str]:
+    """Findings (empty: clean) with upstream's settings (its pyproject.toml). ``fix`` rewrites the files first, as
+    pre-commit would."""
+    cfg = str(settings)
 
-        def run(*cmd):
-            return subprocess.run([sys.executable, "-m", *cmd], cwd=port.REPO, capture_output=True, text=True)
+    def run(*cmd):
+        return subprocess.run([sys.executable, "-m", *cmd], cwd=port.REPO, capture_output=True, text=True)
 
-        out = run("ruff", "check", "--config", cfg, *(["--fix"] if fix else []), "--output-format", "concise", *files)
-        findings = [f"ruff: {ln}" for ln in out.stdout.splitlines() if ":" in ln and not ln.startswith("Found")]
-        out = run("autoflake", "--remove-all-unused-imports", "--in-place" if fix else "--check", *files)
-        findings += [] if fix else [f"autoflake: {ln}" for ln in out.stdout.splitlines() if "Unused imports" in ln]
-        out = run("isort", "--settings-path", cfg, "--filter-files", *([] if fix else ["--check-only"]), *files)
-        findings += [f"isort: {ln}" for ln in (out.stdout + out.stderr).splitlines() if "ERROR" in ln]
-        out = run("black", "--config", cfg, *([] if fix else ["--check"]), *files)
-        return findings + [f"black: {ln}" for ln in out.stderr.splitlines() if ln.startswith("would reformat")]
+    out = run("ruff", "check", "--config", cfg, *(["--fix"] if fix else []), "--output-format", "concise", *files)
+    findings = [f"ruff: {ln}" for ln in out.stdout.splitlines() if ":" in ln and not ln.startswith("Found")]
+    out = run("autoflake", "--remove-all-unused-imports", "--in-place" if fix else "--check", *files)
+    findings += [] if fix else [f"autoflake: {ln}" for ln in out.stdout.splitlines() if "Unused imports" in ln]
+    out = run("isort", "--settings-path", cfg, "--filter-files", *([] if fix else ["--check-only"]), *files)
+    findings += [f"isort: {ln}" for ln in (out.stdout + out.stderr).splitlines() if "ERROR" in ln]
+    out = run("black", "--config", cfg, *([] if fix else ["--check"]), *files)
+    return findings + [f"black: {ln}" for ln in out.stderr.splitlines() if ln.startswith("would reformat")]
 
 
 # ---------------------------------------------------------------------------- the diff
@@ -159,7 +128,8 @@ def runtime_name_hits(rel: str, added: list[tuple[int, str]]) -> list[str]:
 
 # ---------------------------------------------------------------------------- its tests in upstream's CI
 def registration_problems(ported: Path, conftests: list[str], pr) -> list[str]:
-    """What keeps upstream's CI from running the PR's tests as intended (one line each)."""
+    """What keeps upstream's CI from running the PR's tests as intended, one line each: NUM_GPUS, upstream's
+    ``__main__`` runner, registration in a CPU job or once per GPU configuration, a conftest.py."""
     problems = [f"{rel}: the PR adds a conftest.py; a test stubs what it needs itself" for rel in conftests]
     for rel in pr.TEST_FILES:
         if not (ported / rel).is_file():
@@ -203,16 +173,20 @@ def _matrix_entries(job) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pr", choices=tuple(port.PRS), default="tcod")
-    parser.add_argument("--lint", action="store_true", help="only the linters, on this repository's PR files")
+    parser.add_argument("--lint", action="store_true", help="only the linters (SLIME_DIR's settings), on this "
+                        "repository's PR files")
     parser.add_argument("--fix", action="store_true", help="with --lint: rewrite the files as upstream's hooks would")
-    parser.add_argument("paths", nargs="*", help="PRISTINE PORTED, or with --lint the files to lint")
+    parser.add_argument("paths", nargs="*", help="PRISTINE PORTED, or with --lint SLIME_DIR [FILE ...]")
     opts = parser.parse_args(argv)
     pr = port.manifest_of(opts.pr)
     if opts.lint:
         if missing_linters():
             print(f"verify_pr.py: install the pinned linters first: pip install {' '.join(missing_linters())}")
             return 2
-        findings = lint(opts.paths or pr.python_files(), fix=opts.fix)
+        if not opts.paths:
+            parser.error("--lint needs SLIME_DIR, an upstream checkout whose pyproject.toml holds the settings")
+        ours = [str(p) for p in (*port.sources(pr).values(), *(port.REPO / s for s in pr.SPLICED)) if p.suffix == ".py"]
+        findings = lint(opts.paths[1:] or ours, Path(opts.paths[0]) / "pyproject.toml", fix=opts.fix)
         print("\n".join([*findings, f"verify_pr.py --lint: {len(findings)} finding(s)"]))
         return 1 if findings else 0
     if len(opts.paths) != 2:
@@ -220,20 +194,22 @@ def main(argv=None) -> int:
     pristine, ported = (Path(p).resolve() for p in opts.paths)
     files = diff_stats(pristine, ported)
     caps = pr.CAPS
-    counted = {rel: v for rel, v in files.items() if rel not in getattr(pr, "UNCOUNTED", ())}
+    counted = {rel: v for rel, v in files.items() if rel not in pr.UNCOUNTED}
     added = sum(len(a) for a, _ in counted.values())
     core = sum(len(a) for rel, (a, _) in files.items() if rel.startswith("slime/"))
     counts = []
     if "example_py" in caps:
         example_py = sum(len(p.read_text().splitlines()) for p in sorted((ported / pr.EXAMPLE_DIR).rglob("*.py")))
-        check(example_py <= caps["example_py"], f"size: the example's Python is {example_py} lines (cap {caps['example_py']})")
+        check(example_py <= caps["example_py"],
+              f"size: the example's Python is {example_py} lines (cap {caps['example_py']})")
         counts.append(f"example Python {example_py} lines")
     check(core <= caps["core"], f"size: +{core} lines under slime/ (cap {caps['core']})")
     uncounted = f", {len(files) - len(counted)} CI file(s) not counted" if len(counted) < len(files) else ""
     check(added <= caps["added"], f"size: {len(files)} files, +{added} lines (cap {caps['added']}{uncounted})")
     counts += [f"slime/ +{core} lines", f"total +{added} lines"]
     limit = caps.get("removed")
-    shrunk = {rel: r for rel, (_, r) in files.items() if (limit is not None and r > limit) or (r and not (ported / rel).exists())}
+    shrunk = {rel: r for rel, (_, r) in files.items()
+              if (limit is not None and r > limit) or (r and not (ported / rel).exists())}
     check(not shrunk, "no upstream file replaced" + (f" or losing more than {limit} lines" if limit is not None else "")
           + f" {shrunk or ''}")
     hits = [hit for rel, (lines, _) in files.items() for hit in runtime_name_hits(rel, lines)]
@@ -242,7 +218,8 @@ def main(argv=None) -> int:
         print(f"      {hit}")
 
     py = [rel for rel in files if rel.endswith(".py")]
-    findings = lint([str(ported / rel) for rel in py]) if not missing_linters() else ["linters missing"]
+    settings = pristine / "pyproject.toml"  # upstream's own
+    findings = lint([str(ported / rel) for rel in py], settings) if not missing_linters() else ["linters missing"]
     check(not findings, f"upstream's linters on the PR's {len(py)} Python files: {len(findings)} findings")
     for line in findings[:20]:
         print(f"      {line}")
