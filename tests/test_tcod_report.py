@@ -65,3 +65,25 @@ def test_sweep_report_averages_eval_curves_and_skips_unfinished_runs(tmp_path):
     md, summary = table(runs, start_eval=0.1)
     assert "start: 0.10, 2: 0.30, 5: 0.60" in md
     assert summary["vanilla OPD"]["eval_curve"] == curve
+
+
+def test_demo_seeds_report_gives_each_method_its_share_of_the_gap(tmp_path):
+    import json
+
+    from benchmarks.demo_seeds_report import seed_row, table
+
+    for seed, (teacher, student, opd) in enumerate(((0.9, 0.3, 0.6), (0.4, 0.5, 0.45))):
+        (tmp_path / f"seed{seed}.log").write_text(
+            "=== [   4s] 2/5 SFT on expert trajectories: teacher (90 steps), student (checkpoint at 20)\n")
+        sft = tmp_path / f"seed{seed}" / "sft"
+        sft.mkdir(parents=True)
+        (sft / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "eval/gridnav/success_rate": v}) + "\n"
+                                                   for s, v in ((19, student), (39, 0.0), (89, teacher))))
+        for name, end in (("opd", opd), ("f2b", student), ("b2f", teacher)):
+            _write_run(tmp_path / f"seed{seed}" / name, [{"step": 0, "eval/gridnav/success_rate": end}])
+    rows = [seed_row(tmp_path, 0), seed_row(tmp_path, 1)]
+    assert (rows[0]["teacher"], rows[0]["student"]) == (0.9, 0.3)  # the steps the demo's log names, not step 39
+    assert abs(rows[0]["opd_closed"] - 0.5) < 1e-9 and rows[0]["f2b_closed"] == 0 and abs(rows[0]["b2f_closed"] - 1) < 1e-9
+    assert rows[1]["opd_closed"] is None  # teacher behind its student: no gap to close
+    text = table(rows)
+    assert "0.60 (50% of the gap)" in text and "No teacher-student gap (left out of the mean): seed 1." in text
