@@ -31,9 +31,7 @@ import os
 from pathlib import Path
 
 from slime.rollout.sample_hooks import set_current_rollout_id
-# TooManyFailures and trainable are not used here: imported so that train.py and failures.py, which
-# reach them through this module, keep working (their home is trainable_samples).
-from slime.rollout.trainable_samples import TooManyFailures, select_trainable, trainable  # noqa: F401
+from slime.rollout.trainable_samples import select_trainable
 from slime.utils.data import Dataset, RolloutDataSource
 from slime.utils.step_metrics import turns_without_stop_fraction, warn_if_turns_cut
 from slime.utils.misc import load_function
