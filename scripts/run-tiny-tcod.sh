@@ -26,11 +26,11 @@ SEED="${SEED:-0}"
 TRAIN_BACKEND="${TRAIN_BACKEND:-fsdp}"
 # SFT: each rollout step replays 64 expert episodes and takes 8 optimizer steps of 8 episodes. The script
 # prints both checkpoints' full-episode eval success; the measured ones are in docs/en/demo.md (Results).
-TEACHER_STEPS="${TEACHER_STEPS:-90}"   # SFT rollout steps of the teacher (720 optimizer steps)
+TEACHER_STEPS="${TEACHER_STEPS:-60}"   # SFT rollout steps of the teacher (480 optimizer steps)
 STUDENT_STEPS="${STUDENT_STEPS:-20}"   # the student is the same SFT run's checkpoint after this many
-STEPS="${STEPS:-60}"                   # OPD / TCOD steps per method
+STEPS="${STEPS:-40}"                   # OPD / TCOD steps per method
 BATCH="${BATCH:-16}"                   # episodes per OPD step = one optimizer step (global batch)
-LR="${LR:-1e-3}"                       # sampled OPD at 3e-3 diverged (KL 0.26 -> 0.56)
+LR="${LR:-2e-3}"                       # --opd-loss full; sampled OPD at 3e-3 diverged (KL 0.26 -> 0.56)
 ETA="${ETA:-3}"                        # TCOD: steps per depth increment (depth reaches 10 at step 27)
 OPD_LOSS="${OPD_LOSS:-full}"
 MAX_TURNS=10
