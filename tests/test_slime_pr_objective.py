@@ -89,4 +89,6 @@ def test_upstream_and_runtime_advantages_match():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
     controls = [line for line in proc.stdout.splitlines() if "negative control" in line]
-    assert len(controls) == len(oc.CASES) and all(line.startswith("PASS") for line in controls), proc.stdout
+    # One per case, and one more for --opd-type megatron where a prompt has a group (n_samples_per_prompt > 1).
+    expected = len(oc.CASES) + sum(1 for _, n, *_ in oc.CASES if n > 1)
+    assert len(controls) == expected and all(line.startswith("PASS") for line in controls), proc.stdout

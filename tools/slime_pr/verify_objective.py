@@ -218,9 +218,9 @@ def _runtime_run(case: dict, teacher_url: str, hook: str, normalize: bool = Fals
 
     from slime.backends.fsdp_utils.forward import Scores
     from slime.backends.rollout_trainer import RolloutTrainer
-    from slime.ray.rollout import select_trainable
     from slime.rollout.rewards import assign_rewards
     from slime.rollout.sglang_rollout import run_async
+    from slime.rollout.trainable_samples import select_trainable
     from slime.utils import http_utils
     from slime.utils.arguments import parse_args
     from slime.utils.types import Sample
