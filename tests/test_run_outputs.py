@@ -109,3 +109,13 @@ def test_without_save_or_metrics_dir_each_run_writes_to_a_new_folder_it_names(in
     assert all([r["step"] for r in read_metrics(f / "metrics.jsonl")] == [0] for f in folders)
     assert not (tmp_path / "outputs" / "metrics.jsonl").exists()
     assert sorted(os.listdir(tmp_path / "outputs")) == [f.name for f in folders]  # dated names sort in run order
+
+
+def test_a_run_refused_after_its_folder_was_named_leaves_no_folder(inputs, tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not_a_model").mkdir()
+    assert train.main(argv(inputs, "--hf-checkpoint", str(tmp_path / "not_a_model"))) == 2
+    err = capfd.readouterr().err
+    assert re.search(r"^train\.py: no --save or --metrics-dir: this run writes to outputs/run-", err, re.M), err[-2000:]
+    assert "is not a HF model folder" in err.strip().splitlines()[-1]
+    assert os.listdir(tmp_path / "outputs") == []  # the refused attempt's folder (lock file only) is gone

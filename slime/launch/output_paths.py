@@ -100,6 +100,15 @@ def default_metrics_dir(args, root: str = "outputs") -> Path | None:
     raise ArgumentError(f"no new folder under {root}/ for this run's metrics: pass --metrics-dir")
 
 
+def discard_unused(folder: Path | None) -> None:
+    """Removes a folder ``default_metrics_dir`` made for a run that was then refused: it holds only the lock
+    file, and an empty ``outputs/run-*`` per refused attempt would bury the runs that did happen."""
+    if folder is None or any(entry.name != OutputLock.NAME for entry in folder.iterdir()):
+        return
+    (folder / OutputLock.NAME).unlink(missing_ok=True)
+    folder.rmdir()
+
+
 class OutputLock:
     """Held while a run writes its output folders: a second run into one of them is refused.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from slime.arguments.argument_error import ArgumentError
 from slime.launch.checks import check_launch
-from slime.launch.output_paths import OutputLock, default_metrics_dir
+from slime.launch.output_paths import OutputLock, default_metrics_dir, discard_unused
 from slime.launch.plan import print_plan
 from slime.launch.preflight import Inputs, preflight
 
@@ -67,6 +67,8 @@ def prepare_run(args):
         try:
             inputs = preflight(args)
         except ArgumentError as err:
+            lock.release()
+            discard_unused(fresh)
             yield _refused(err)
             return
         if inputs.load_folder is not None:
