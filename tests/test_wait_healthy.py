@@ -119,3 +119,33 @@ def test_the_launcher_starts_again_on_a_new_port_when_its_own_pick_was_taken(tmp
             launcher.launch_engine(SimpleNamespace(), port=stub.port, log_dir=tmp_path, timeout=30)
     finally:
         stub.stop()
+
+
+def test_the_rollout_manager_restarts_an_engine_whose_port_was_taken_and_routes_to_the_new_one(tmp_path,
+                                                                                              monkeypatch):
+    # RolloutManager starts its engines without waiting (they load while the trainers start), so the race
+    # above can hit it too: the engine that lost its port is started again and the router flags follow it.
+    from slime.ray.rollout import RolloutManager
+
+    stub = _healthy_stub()
+    fresh = find_free_port()
+    picks = iter([stub.port, fresh])
+    monkeypatch.setattr(launcher, "find_free_port", lambda host="127.0.0.1": next(picks))
+    monkeypatch.setattr(launcher, "build_engine_command",
+                        lambda args, **kw: [sys.executable, "-c", SERVE, str(kw["port"])])
+    monkeypatch.setenv("SLIME_ENGINE_LOG_DIR", str(tmp_path))
+    manager = RolloutManager.__new__(RolloutManager)
+    manager.args = SimpleNamespace(rollout_backend="hf", rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
+                                   engine_host="127.0.0.1", hf_checkpoint="unused", rollout_model_path=None)
+    manager.engines, manager._engine_group, manager._router, manager.needs_engines = [], None, None, False
+    try:
+        manager._start_engines()
+        assert manager.args.sglang_router_port == stub.port  # routed before the engine could bind
+        manager.wait_engines(timeout=30)
+        assert [e.port for e in manager.engines] == [fresh] and manager.engines[0].process.poll() is None
+        assert manager.args.rollout_engine_urls == [f"http://127.0.0.1:{fresh}"]
+        assert manager.args.sglang_router_port == fresh
+    finally:
+        for engine in manager.engines:
+            engine.stop()
+        stub.stop()

@@ -91,12 +91,15 @@ class RolloutManager:
             logger.warning("Ray reports no GPUs: the SGLang engines are pinned by --base-gpu-id to devices "
                            "0..%d of this process, which nothing keeps the trainer off",
                            count * args.rollout_num_gpus_per_engine - 1)
-        for i in range(count):
+        def start_local(i: int) -> EngineProcess:
             port = find_free_port(args.engine_host)
             cmd = build_engine_command(args, model_path=model_path, host=args.engine_host, port=port,
                                        base_gpu_id=i * args.rollout_num_gpus_per_engine)
-            self.engines.append(EngineProcess(cmd, host=args.engine_host, port=port,
-                                              log_path=log_dir / f"engine_{args.engine_host}_{port}.log"))
+            return EngineProcess(cmd, host=args.engine_host, port=port,
+                                 log_path=log_dir / f"engine_{args.engine_host}_{port}.log")
+
+        self._start_local = start_local
+        self.engines = [start_local(i) for i in range(count)]
         self._route_to_engines()
 
     def _route_to_engines(self) -> None:
@@ -106,8 +109,28 @@ class RolloutManager:
         self._router = point_router_at_engines(self.args, [engine.url for engine in self.engines])
 
     def wait_engines(self, timeout: float = 600.0) -> None:
-        for engine in self.engines:
-            engine.wait_healthy(timeout)
+        from slime.backends.sglang_utils.launcher import PORT_RACE_TRIES, EngineLaunchError, lost_its_port
+
+        moved = False
+        for i in range(len(self.engines)):
+            for attempt in range(1, PORT_RACE_TRIES + 1):
+                try:
+                    self.engines[i].wait_healthy(timeout)
+                    break
+                except EngineLaunchError:
+                    # A port picked free is released before the server binds it, so another process can take
+                    # it first: start that engine again on a new port (engines started in Ray are not retried).
+                    restart = getattr(self, "_start_local", None)
+                    if restart is None or attempt == PORT_RACE_TRIES or not lost_its_port(self.engines[i]):
+                        raise
+                    logger.warning("rollout engine %s lost its port to another process; starting it on a new one",
+                                   self.engines[i].url)
+                    self.engines[i].stop()
+                    self.engines[i], moved = restart(i), True
+        if moved:
+            if self._router is not None:
+                self._router.stop()
+            self._route_to_engines()
         if self.engines:
             logger.info("rollout engines ready: %s", self.args.rollout_engine_urls)
         if self.needs_engines:

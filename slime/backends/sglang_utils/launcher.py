@@ -205,11 +205,11 @@ def launch_engine(args, *, model_path: str | None = None, host: str | None = Non
             return engine.wait_healthy(timeout)
         except BaseException as err:
             engine.stop()
-            if not (isinstance(err, EngineLaunchError) and attempt < tries and _lost_its_port(engine)):
+            if not (isinstance(err, EngineLaunchError) and attempt < tries and lost_its_port(engine)):
                 raise
 
 
-def _lost_its_port(engine: EngineProcess) -> bool:
+def lost_its_port(engine: EngineProcess) -> bool:
     """The server exited because its port was taken (EADDRINUSE in its log)."""
     tail = engine.log_tail().lower()
     return engine.process.poll() is not None and ("address already in use" in tail or "errno 98" in tail)
