@@ -9,7 +9,7 @@
 #      --opd-loss full (the reverse KL over the teacher's top-20 tokens, not one sampled token)
 #   4. table + plot (scripts/tcod_report.py) under OUT_DIR
 # Environment: PYTHON (default this repository's .venv/bin/python if it exists, else python3), OUT_DIR
-# (default outputs/tiny-tcod), STEPS, TEACHER_STEPS, STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full |
+# (default outputs/tiny-tcod; a new folder: one that holds a run is refused, never overwritten), STEPS, TEACHER_STEPS, STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full |
 # sampled), EVAL_N, TRAIN_BACKEND (fsdp | megatron: the same runs on the Megatron-core trainer).
 # Evaluation is at the rollout temperature 1.0, the distribution OPD matches (why:
 # docs/en/advanced/opd-regimes.md). After SFT it warns when the teacher does not beat the student.
@@ -41,65 +41,77 @@ phase() { printf '\n=== [%4ds] %s\n' "$(( SECONDS - T_START ))" "$*"; }
 die() { echo "run-tiny-tcod: $*" >&2; exit 1; }
 
 TEACHER_PID=""
-cleanup() { if [ -n "${TEACHER_PID}" ]; then kill "${TEACHER_PID}" 2>/dev/null || true; wait "${TEACHER_PID}" 2>/dev/null || true; fi; }
+WORK=""
+cleanup() {
+  if [ -n "${TEACHER_PID}" ]; then kill "${TEACHER_PID}" 2>/dev/null || true; wait "${TEACHER_PID}" 2>/dev/null || true; fi
+  # Not renamed: the run did not end. Its partial outputs (logs included) are named, not removed.
+  if [ -n "${WORK}" ]; then echo "run-tiny-tcod.sh: stopped before the end; OUT_DIR=${OUT_DIR} is untouched, this run's partial outputs are in ${WORK}" >&2; fi
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # The student is a checkpoint of the teacher's own SFT run, so it must come first.
 [ "${STUDENT_STEPS}" -lt "${TEACHER_STEPS}" ] \
   || { echo "run-tiny-tcod.sh: STUDENT_STEPS (${STUDENT_STEPS}) must be below TEACHER_STEPS (${TEACHER_STEPS})" >&2; exit 2; }
-mkdir -p "${OUT_DIR}"
+# A demo never removes a run: a used OUT_DIR is refused. This run writes into a new folder beside OUT_DIR
+# and renames it to OUT_DIR at its end, so an interrupted or failed demo leaves OUT_DIR as it was.
+if [ -e "${OUT_DIR}" ] && { [ ! -d "${OUT_DIR}" ] || [ -n "$(ls -A "${OUT_DIR}")" ]; }; then
+  n=2; while [ -e "${OUT_DIR%/}-${n}" ]; do n=$(( n + 1 )); done
+  echo "run-tiny-tcod.sh: OUT_DIR=${OUT_DIR} already holds a run, which is kept: run again with OUT_DIR=${OUT_DIR%/}-${n}, or remove that folder first" >&2
+  exit 2
+fi
+mkdir -p "$(dirname "${OUT_DIR}")"
+WORK="$(mktemp -d "${OUT_DIR%/}.partial-XXXXXX")"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 # ---------------------------------------------------------------- 1. init + data
 phase "1/5 tiny tokenizer + model init, gridnav tasks"
-"${PYTHON}" -m slime.utils.tiny_models --out "${OUT_DIR}/init" --hidden-size 64 --num-layers 2 --num-heads 4 \
+"${PYTHON}" -m slime.utils.tiny_models --out "${WORK}/init" --hidden-size 64 --num-layers 2 --num-heads 4 \
   --seed "${SEED}" > /dev/null
 # Paths of 4..8 moves under a 10-turn limit: every episode has room to recover from a wrong move.
 GRID=(--env gridnav --size 6 --walls 0 --min-len 4 --max-len 8)
 # Held-out puzzles: the eval file leaves out every training puzzle (two seeds can deal the same grid).
-"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${OUT_DIR}/train.jsonl"
-"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 --exclude "${OUT_DIR}/train.jsonl" \
-  --out "${OUT_DIR}/eval.jsonl"
+"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n 512 --seed 0 --out "${WORK}/train.jsonl"
+"${PYTHON}" -m examples.agent_envs.make_data "${GRID[@]}" --n "${EVAL_N}" --seed 100000 --exclude "${WORK}/train.jsonl" \
+  --out "${WORK}/eval.jsonl"
 
 COMMON=(
   --train-backend "${TRAIN_BACKEND}"
-  --prompt-data "${OUT_DIR}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
+  --prompt-data "${WORK}/train.jsonl" --rollout-shuffle --seed "${SEED}" --rollout-seed "${SEED}"
   --rollout-interaction-env-path examples.agent_envs
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
   --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
-  --eval-prompt-data gridnav "${OUT_DIR}/eval.jsonl" --eval-temperature 1.0
+  --eval-prompt-data gridnav "${WORK}/eval.jsonl" --eval-temperature 1.0
   # Batch-invariant engines: a rerun with the same seeds repeats every figure (docs/en/engines.md).
   --sglang-enable-deterministic-inference
 )
 
 # ---------------------------------------------------------------- 2. teacher + student by SFT
 phase "2/5 SFT on expert trajectories: teacher (${TEACHER_STEPS} steps), student (checkpoint at ${STUDENT_STEPS})"
-rm -rf "${OUT_DIR}/sft"
-"${PYTHON}" train.py "${COMMON[@]}" --hf-checkpoint "${OUT_DIR}/init" \
+"${PYTHON}" train.py "${COMMON[@]}" --hf-checkpoint "${WORK}/init" \
   --loss-type sft_loss --rollout-function-path slime.rollout.sft_rollout.generate_rollout \
   --rollout-batch-size 64 --global-batch-size 8 --micro-batch-size 8 --lr 3e-3 --num-rollout "${TEACHER_STEPS}" \
-  --save "${OUT_DIR}/sft" --save-interval "${STUDENT_STEPS}" \
+  --save "${WORK}/sft" --save-interval "${STUDENT_STEPS}" \
   --eval-interval "${STUDENT_STEPS}" --skip-eval-before-train
-ckpt() { printf '%s/sft/iter_%07d/model/hf' "${OUT_DIR}" "$(( $1 - 1 ))"; }
+ckpt() { printf '%s/sft/iter_%07d/model/hf' "${WORK}" "$(( $1 - 1 ))"; }
 TEACHER="$(ckpt "${TEACHER_STEPS}")"
 STUDENT="$(ckpt "${STUDENT_STEPS}")"
-[ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${OUT_DIR}/sft"
+[ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${WORK}/sft"
 # The SFT run evaluated every STUDENT_STEPS steps: at the student's checkpoint and at the teacher's. The
 # helper prints both and warns (stderr) when the teacher is not ahead: the runs below would distil nothing.
-read -r TEACHER_SUCCESS STUDENT_SUCCESS <<< "$("${PYTHON}" -m scripts.sft_eval "${OUT_DIR}/sft/metrics.jsonl" \
+read -r TEACHER_SUCCESS STUDENT_SUCCESS <<< "$("${PYTHON}" -m scripts.sft_eval "${WORK}/sft/metrics.jsonl" \
   --teacher-step "$(( TEACHER_STEPS - 1 ))" --student-step "$(( STUDENT_STEPS - 1 ))" --tasks "${EVAL_N}")"
-[ -n "${STUDENT_SUCCESS}" ] || die "no SFT evaluation in ${OUT_DIR}/sft/metrics.jsonl"
+[ -n "${STUDENT_SUCCESS}" ] || die "no SFT evaluation in ${WORK}/sft/metrics.jsonl"
 echo "full-episode eval success (temperature 1.0, ${EVAL_N} tasks): teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}"
 
 # ---------------------------------------------------------------- 3. teacher server
 phase "3/5 teacher server (hf_engine, SGLang protocol)"
 PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
 "${PYTHON}" -m slime.backends.hf_engine --model-path "${TEACHER}" --port "${PORT}" --random-seed "${SEED}" \
-  --enable-deterministic-inference > "${OUT_DIR}/teacher_server.log" 2>&1 &
+  --enable-deterministic-inference > "${WORK}/teacher_server.log" 2>&1 &
 TEACHER_PID=$!
 "${PYTHON}" -m slime.backends.sglang_utils.wait_healthy --port "${PORT}" --pid "${TEACHER_PID}" \
-  || die "teacher server did not come up; see ${OUT_DIR}/teacher_server.log"
+  || die "teacher server did not come up; see ${WORK}/teacher_server.log"
 
 # ---------------------------------------------------------------- 4. OPD, F2B, B2F
 OPD=(
@@ -121,17 +133,20 @@ i=0
 for run in opd f2b b2f; do
   i=$(( i + 1 ))
   phase "4/5 (${i}/3) ${run}: ${STEPS} steps x ${BATCH} episodes, --opd-loss ${OPD_LOSS}"
-  rm -rf "${OUT_DIR:?}/${run}"
   # shellcheck disable=SC2086  # RUN_ARGS values are flag lists
-  "${PYTHON}" train.py "${OPD[@]}" ${RUN_ARGS[${run}]} --metrics-dir "${OUT_DIR}/${run}"
+  "${PYTHON}" train.py "${OPD[@]}" ${RUN_ARGS[${run}]} --metrics-dir "${WORK}/${run}"
 done
 
 # ---------------------------------------------------------------- 5. report
 phase "5/5 table and plot"
 "${PYTHON}" -m scripts.tcod_report \
-  --run "vanilla OPD" "${OUT_DIR}/opd/metrics.jsonl" --run "TCOD-F2B" "${OUT_DIR}/f2b/metrics.jsonl" \
-  --run "TCOD-B2F" "${OUT_DIR}/b2f/metrics.jsonl" --teacher-success "${TEACHER_SUCCESS}" \
+  --run "vanilla OPD" "${WORK}/opd/metrics.jsonl" --run "TCOD-F2B" "${WORK}/f2b/metrics.jsonl" \
+  --run "TCOD-B2F" "${WORK}/b2f/metrics.jsonl" --teacher-success "${TEACHER_SUCCESS}" \
   --start-eval "${STUDENT_SUCCESS}" \
-  --md "${OUT_DIR}/table.md" --png "${OUT_DIR}/tcod-tiny.png"
+  --md "${WORK}/table.md" --png "${WORK}/tcod-tiny.png"
 echo "eval success: teacher ${TEACHER_SUCCESS}, student at start ${STUDENT_SUCCESS}"
+# One rename: OUT_DIR holds this run's outputs whole, or (until here) nothing of it.
+rmdir "${OUT_DIR}" 2> /dev/null || true
+mv -T "${WORK}" "${OUT_DIR}" || die "could not rename ${WORK} to ${OUT_DIR}: this run's outputs stay in ${WORK}"
+WORK=""
 phase "done in $(( SECONDS - T_START )) s; outputs in ${OUT_DIR}"
