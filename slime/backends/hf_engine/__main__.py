@@ -71,7 +71,7 @@ def build(args):
                           seed=args.random_seed, prefix_cache_bytes=cache_bytes,
                           deterministic=args.enable_deterministic_inference)
     scheduler.start()
-    return make_app(runner, scheduler)
+    return make_app(runner, scheduler, server_flags={"dtype": args.dtype, "random_seed": args.random_seed})
 
 
 def main(argv=None):

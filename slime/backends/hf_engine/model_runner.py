@@ -126,13 +126,43 @@ class ModelRunner:
         return model.to(self.device).eval()
 
     def load_weights(self, path: str) -> None:
-        """Replace the weights with the checkpoint at ``path`` (same architecture and vocabulary)."""
-        model = self._load(path)
-        if int(model.config.vocab_size) != self.vocab_size:
-            raise ValueError(f"{path}: vocab_size {model.config.vocab_size} differs from the served "
-                             f"model's {self.vocab_size}")
-        self.model = model
+        """Load the weights of the HF checkpoint at ``path`` into the served model, in place (as SGLang's
+        ``update_weights_from_disk``: only the ``*.safetensors`` files are read, the architecture stays).
+
+        Every parameter must come with its name and shape (tied ones may be left out, as HF saves them);
+        a name the model lacks, a missing one or a shape mismatch fails before any weight changes."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{path}: no *.safetensors files")
+        loaded = {}
+        for f in files:
+            loaded.update(load_file(str(f)))
+        own = self.model.state_dict()
+        unexpected = sorted(set(loaded) - set(own))
+        tied = {name for name in own if name not in loaded and self._is_tied(name)}
+        missing = sorted(set(own) - set(loaded) - tied)
+        if unexpected or missing:
+            raise ValueError(f"{path}: weights do not match the served model (missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]})")
+        for name, tensor in loaded.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(f"{path}: {name} has shape {tuple(tensor.shape)}, the served model "
+                                 f"{tuple(own[name].shape)}")
+        with torch.no_grad():
+            for name, tensor in loaded.items():
+                own[name].copy_(tensor.to(own[name].dtype))
         self.model_path = path
+
+    def _is_tied(self, name: str) -> bool:
+        # HF checkpoints of tied-embedding models leave the output projection out.
+        if not getattr(self.model.config, "tie_word_embeddings", False):
+            return False
+        out = self.model.get_output_embeddings()
+        return out is not None and self.model.state_dict()[name].data_ptr() == out.weight.data_ptr()
 
     # ------------------------------------------------------------------ forwards
     @torch.inference_mode()

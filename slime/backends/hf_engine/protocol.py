@@ -58,6 +58,18 @@ _SUPPORTED = {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_t
               "sampling_seed", "seed", "custom_params", "stream_interval"}
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
               "return_text_in_logprobs", "stream", "top_logprobs_num", "token_ids_logprob", "prompt"}
+# Fields of SGLang's GenerateReqInput that sglang-router (0.3.x) writes into every /generate it forwards, and
+# that hf_engine has no feature behind: accepted at the value that asks for nothing, refused otherwise.
+# ``model`` is the router's own (which model a multi-model gateway routes to; SGLang ignores it), and
+# log_metrics / no_logs only steer SGLang's request logging, so any boolean does.
+_TOP_LEVEL_NEUTRAL = {
+    "return_hidden_states": (False,),
+    "return_routed_experts": (False,),
+    "return_entropy": (False,),
+    "return_bytes": (False,),
+    "background": (False,),
+}
+_TOP_LEVEL_IGNORED = {"model", "log_metrics", "no_logs"}
 # SGLang's scheduler refuses prompts of max_req_input_len tokens or more, max_req_input_len being
 # min(context - 1, KV pool - 1) - 5 (tp_worker.py); without a KV pool that is context - 6.
 _SCHEDULER_INPUT_MARGIN = 6
@@ -303,9 +315,15 @@ def parse_generate(body, tokenizer, vocab_size: int, context_len: int) -> tuple[
     """Validate a /generate body. Returns (requests, batched)."""
     if not isinstance(body, dict):
         raise ProtocolError("request body must be a JSON object")
-    unknown = sorted(set(body) - _TOP_LEVEL)
+    unknown = sorted(set(body) - _TOP_LEVEL - set(_TOP_LEVEL_NEUTRAL) - _TOP_LEVEL_IGNORED)
     if unknown:
         raise ProtocolError(f"unknown field(s) {unknown}")
+    for key, neutrals in _TOP_LEVEL_NEUTRAL.items():
+        if key in body and not (body[key] is None or any(body[key] is n for n in neutrals)):
+            raise ProtocolError(f"{key}={body[key]!r} is not supported by hf_engine (only false or null)")
+    for key in ("log_metrics", "no_logs"):
+        if body.get(key) is not None:
+            _boolean(key, body[key])
     if body.get("stream"):
         raise ProtocolError("stream=true is not supported by hf_engine")
     text = body.get("text", body.get("prompt"))

@@ -34,6 +34,7 @@ class GenerateResult:
     output_token_ids_logprobs: list[list[float]] = field(default_factory=list)
     finish_reason: dict = field(default_factory=dict)
     latency_s: float = 0.0
+    weight_version: str = "default"  # the engine's weight version when the request was answered
 
 
 def finish_stop(matched) -> dict:
@@ -73,6 +74,7 @@ def build_response(req: GenerateRequest, result: GenerateResult, tokenizer) -> d
         "completion_tokens": len(result.output_ids),
         "cached_tokens": 0,
         "e2e_latency": result.latency_s,
+        "weight_version": result.weight_version,
     }
     if req.return_logprob:
         def piece(tid):

@@ -13,6 +13,9 @@ but not yet decoding (waiting: queued, being scored or prefilled). Every job is 
 
 A weight update is a barrier in the queue: requests that arrived before it finish on the old weights
 (the worker stops admitting and drains the running batch first); requests after it see the new ones.
+Replies carry the ``weight_version`` in effect when answered. ``hold()`` / ``release()`` are SGLang's in-place
+pause: no forward runs (rows keep their KV), but aborts are answered and barriers run at once, even with
+rows running, as SGLang updates a paused engine without waiting.
 
 Finished generations leave their KV in a prefix cache (``prefix_cache``) so a later request that
 starts with the same tokens (the next turn of an agent, another sample of the same prompt) prefills
@@ -73,6 +76,8 @@ class Scheduler:
         self._unanswered = 0  # jobs submitted and not yet settled
         self._count_lock = threading.Lock()
         self._stopped = False
+        self._held = False  # pause_generation(mode="in_place"): no forward runs until release()
+        self.weight_version = "default"  # SGLang's --weight-version default; set by weight updates
         self._thread = threading.Thread(target=self._loop, name="hf-engine-worker", daemon=True)
 
     # ------------------------------------------------------------------ called from the event loop
@@ -92,8 +97,16 @@ class Scheduler:
             self._unanswered += 1
         self._inbox.put(Job(req, loop, future, make_generator(seed)))
 
-    def submit_update_weights(self, model_path: str, loop, future) -> None:
-        self._inbox.put(Barrier("update_weights", {"model_path": model_path}, loop, future))
+    def submit_update_weights(self, model_path: str, loop, future, weight_version: str | None = None) -> None:
+        """Load ``model_path``'s weights; on success ``weight_version`` (if given) is what replies carry."""
+        payload = {"model_path": model_path, "weight_version": weight_version}
+        self._inbox.put(Barrier("update_weights", payload, loop, future))
+
+    def hold(self, loop, future) -> None:  # ``future`` completes once the worker has stopped stepping
+        self._inbox.put(("hold", (loop, future)))
+
+    def release(self) -> None:
+        self._inbox.put(("release", None))
 
     def submit_flush_cache(self, loop, future) -> None:
         """Drop the prefix cache: a barrier, so requests that arrived before it may still use it."""
@@ -143,6 +156,11 @@ class Scheduler:
                 continue
             if isinstance(item, tuple) and item[0] == "abort":
                 self._mark_aborted(item[1])
+            elif isinstance(item, tuple) and item[0] == "hold":
+                self._held = True
+                resolve(*item[1], True)
+            elif isinstance(item, tuple) and item[0] == "release":
+                self._held = False
             else:
                 self._waiting.append(item)
 
@@ -154,7 +172,7 @@ class Scheduler:
     def _loop(self):
         while not self._stopped:
             try:
-                self._drain(block=not self._running and not self._waiting)
+                self._drain(block=self._held or (not self._running and not self._waiting))
                 if self._stopped:
                     break
                 self._step()
@@ -191,6 +209,9 @@ class Scheduler:
             self._waiting.remove(job)
             job.result.finish_reason = finish_abort(job.abort_message)
             self._reply(job)
+        if self._held:
+            self._step_held()
+            return
         if self._waiting and isinstance(self._waiting[0], Barrier):
             if not self._running:
                 self._run_barrier(self._waiting.popleft())
@@ -207,18 +228,35 @@ class Scheduler:
             self._decode_step()
         self._in_hand = []  # the step went through: each taken job is running or answered
 
+    def _step_held(self):
+        """Paused in place: barriers run now, in order; jobs wait; aborted running rows are answered."""
+        for barrier in [b for b in self._waiting if isinstance(b, Barrier)]:
+            self._waiting.remove(barrier)
+            self._run_barrier(barrier)
+        for job in [j for j in self._running if j.abort_message]:
+            job.result.finish_reason = finish_abort(job.abort_message)
+            self._reply(job)
+        self._keep_running([i for i, job in enumerate(self._running) if not job.abort_message])
+        self._in_hand = []
+
     def _run_barrier(self, barrier: Barrier):
         if barrier.kind == "flush_cache":
             self.prefix_cache.clear()
             resolve(barrier.loop, barrier.future, {"success": True})
             return
-        path = barrier.payload["model_path"]
+        path, version = barrier.payload["model_path"], barrier.payload.get("weight_version")
         self.prefix_cache.clear()  # KV computed with the old weights must not meet the new ones
         try:
             self.runner.load_weights(path)
-            reply = {"success": True, "message": f"weights loaded from {path}"}
-        except Exception as err:
-            reply = {"success": False, "message": f"failed to load weights from {path}: {err}"}
+        except Exception as err:  # the weights are unchanged: load_weights checks before it copies
+            reply = {"success": False, "message": f"Failed to update weights from {path}: {err}"}
+        else:
+            message = "Succeeded to update model weights."
+            if version is not None:
+                self.weight_version = version
+                message += f" Weight version updated to {version}."
+            reply = {"success": True, "message": message}
+        reply["num_paused_requests"] = 0
         resolve(barrier.loop, barrier.future, reply)
 
     def _budget_groups(self, jobs, cost):
@@ -305,16 +343,20 @@ class Scheduler:
     def _decode_step(self):
         logits = self.runner.decode(self._batch, self._last_tokens)
         tokens, keep = self._advance(self._running, logits, self._batch)
-        if len(keep) < len(self._running):
-            if keep:
-                self._batch.keep(keep)
-                self._running = [self._running[i] for i in keep]
-                self._last_tokens = tokens[keep]
-            else:
-                self._running, self._batch = [], None
-                self._last_tokens = torch.empty(0, dtype=torch.long)
+        self._last_tokens = tokens
+        self._keep_running(keep)
+
+    def _keep_running(self, keep: list[int]) -> None:
+        """Keep only rows ``keep`` of the running batch (the others have been answered or dropped)."""
+        if len(keep) == len(self._running):
+            return
+        if keep:
+            self._batch.keep(keep)
+            self._running = [self._running[i] for i in keep]
+            self._last_tokens = self._last_tokens[keep]
         else:
-            self._last_tokens = tokens
+            self._running, self._batch = [], None
+            self._last_tokens = torch.empty(0, dtype=torch.long)
 
     def _advance(self, jobs, logits, batch):
         """Sample one token for each job's row of ``batch``; finish the jobs that are done.
@@ -353,5 +395,6 @@ class Scheduler:
 
     def _reply(self, job: Job):
         job.result.latency_s = time.perf_counter() - job.started
+        job.result.weight_version = self.weight_version
         resolve(job.loop, job.future, job.result)
         self._settle(job)

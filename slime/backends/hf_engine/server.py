@@ -35,6 +35,10 @@ SCHEDULER = web.AppKey("scheduler", object)
 # so a test can count how often a teacher was asked.
 GENERATE_COUNT = web.AppKey("generate_count", list)
 ENGINE_ID = web.AppKey("engine_id", str)
+# Set while generation runs; cleared by /pause_generation. New /generate requests wait on it (SGLang holds
+# them in its tokenizer manager the same way) and go on after /continue_generation.
+UNPAUSED = web.AppKey("unpaused", asyncio.Event)
+SERVER_FLAGS = web.AppKey("server_flags", dict)  # launch flags /server_info reports (dtype, random_seed)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -72,6 +76,7 @@ async def generate(request: web.Request) -> web.Response:
     except ProtocolError as err:
         return _error(400, str(err))
     app[GENERATE_COUNT][0] += len(reqs)
+    await app[UNPAUSED].wait()
     results = await _run(app, reqs)
     out = [build_response(r, res, runner.tokenizer) for r, res in zip(reqs, results)]
     return web.json_response(out if batched else out[0])
@@ -105,7 +110,7 @@ async def model_info(request: web.Request) -> web.Response:
         "tokenizer_path": runner.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",  # SGLang's default; hf_engine has no /update_weight_version
+        "weight_version": request.app[SCHEDULER].weight_version,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": getattr(config, "model_type", None),
@@ -137,7 +142,13 @@ async def get_server_info(request: web.Request) -> web.Response:
                               "context_length": getattr(runner, "context_length_arg", None),
                               "max_req_input_len": max_req_input_len(runner.context_len),
                               "enable_deterministic_inference": bool(getattr(scheduler, "deterministic", False)),
-                              "tp_size": 1,
+                              "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
+                              # SGLang's server arguments slime's external-engine check compares with its
+                              # own (an engine with a memory saver would have to be offloaded by slime).
+                              "enable_memory_saver": False,
+                              "disaggregation_mode": "null",
+                              "weight_version": scheduler.weight_version,
+                              **request.app[SERVER_FLAGS],
                               "max_batch_size": scheduler.max_batch_size,
                               "max_prefill_tokens": scheduler.max_prefill_tokens,
                               "disable_radix_cache": not scheduler.prefix_cache.enabled,
@@ -145,21 +156,109 @@ async def get_server_info(request: web.Request) -> web.Response:
                               "generate_requests": request.app[GENERATE_COUNT][0]})
 
 
+def _weights_error(message: str) -> web.Response:
+    return web.json_response({"success": False, "message": message, "num_paused_requests": 0}, status=400)
+
+
+# load_format values that read what hf_engine reads (HF safetensors); SGLang's others (dummy, gguf,
+# remote, ...) have no loader here.
+_LOAD_FORMATS = (None, "auto", "safetensors")
+
+
 async def update_weights_from_disk(request: web.Request) -> web.Response:
+    """SGLang's ``/update_weights_from_disk``: ``model_path`` (an HF folder with the same architecture),
+    optional ``weight_version`` (the version replies carry from then on), ``load_format``,
+    ``abort_all_requests``. Requests already running finish on the old weights first, unless generation
+    is paused (then the update happens at once, as in SGLang). The prefix cache is always flushed: KV of
+    the old weights is wrong for the new ones, whatever ``flush_cache`` says."""
     try:
         body = await _json_body(request)
     except ProtocolError as err:
-        return web.json_response({"success": False, "message": str(err)}, status=400)
-    path = body.get("model_path") if isinstance(body, dict) else None
+        return _weights_error(str(err))
+    if not isinstance(body, dict):
+        return _weights_error("request body must be a JSON object")
+    path = body.get("model_path")
     if not isinstance(path, str) or not path:
-        return web.json_response({"success": False, "message": "model_path (a folder) is required"}, status=400)
+        return _weights_error("model_path (a folder) is required")
     if not os.path.isdir(path):
-        return web.json_response({"success": False, "message": f"model_path {path!r} is not a folder"}, status=400)
+        return _weights_error(f"model_path {path!r} is not a folder")
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str):
+        return _weights_error(f"weight_version must be a string, got {version!r}")
+    if body.get("load_format") not in _LOAD_FORMATS:
+        return _weights_error(f"load_format {body['load_format']!r} is not supported by hf_engine "
+                              f"(auto or safetensors)")
+    scheduler = request.app[SCHEDULER]
+    if body.get("abort_all_requests"):
+        scheduler.abort(None)
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
-    request.app[SCHEDULER].submit_update_weights(path, loop, fut)
+    scheduler.submit_update_weights(path, loop, fut, weight_version=version)
     reply = await fut
     return web.json_response(reply, status=200 if reply["success"] else 400)
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    """SGLang's ``/update_weight_version``: ``new_version`` (required), ``abort_all_requests`` (default
+    true). Only the label changes, not the weights."""
+    try:
+        body = await _json_body(request)
+    except ProtocolError as err:
+        return _error(400, str(err))
+    version = body.get("new_version") if isinstance(body, dict) else None
+    if not isinstance(version, str):
+        return _error(400, "new_version (a string) is required")
+    if body.get("abort_all_requests", True):
+        request.app[SCHEDULER].abort(None)
+    request.app[SCHEDULER].weight_version = version
+    return web.json_response({"success": True, "message": f"Weight version updated to {version}",
+                              "new_version": version})
+
+
+async def weight_version(request: web.Request) -> web.Response:
+    """``GET /weight_version`` (and ``/get_weight_version``) of the SGLang build slime runs (its patch
+    answers ``{"weight_version": ...}``; stock SGLang 0.5.23 moved the value to ``/model_info``)."""
+    return web.json_response({"weight_version": request.app[SCHEDULER].weight_version})
+
+
+# SGLang's pause modes; "retract" (running requests sent back to the queue and recomputed later) would
+# need a re-prefill of their output so far, which hf_engine's scheduler does not do.
+_PAUSE_MODES = ("abort", "in_place")
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    """SGLang's ``/pause_generation``. Either way new ``/generate`` requests wait until
+    ``/continue_generation``. ``mode: "abort"`` (the default, what slime sends before a weight update)
+    aborts every request in the engine and answers once none is left; ``"in_place"`` stops the forwards,
+    keeping running requests and their KV to resume after ``/continue_generation``."""
+    try:
+        body = await _json_body(request) if request.can_read_body else {}
+    except ProtocolError as err:
+        return _error(400, str(err))
+    mode = (body or {}).get("mode", "abort") if isinstance(body, dict) else None
+    if mode not in _PAUSE_MODES:
+        return _error(400, f"mode must be one of {list(_PAUSE_MODES)} for hf_engine, got {mode!r}")
+    app, scheduler = request.app, request.app[SCHEDULER]
+    app[UNPAUSED].clear()
+    if mode == "in_place":
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        scheduler.hold(loop, fut)
+        await fut
+    else:
+        # Requests past the pause gate are in the scheduler's count until answered: abort until none is.
+        while True:
+            scheduler.abort(None)
+            if scheduler.load() == (0, 0):
+                break
+            await asyncio.sleep(0.02)
+    return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    request.app[SCHEDULER].release()
+    request.app[UNPAUSED].set()
+    return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
 async def abort_request(request: web.Request) -> web.Response:
@@ -254,12 +353,15 @@ async def _errors(request, handler):
         return _error(500, f"{type(err).__name__}: {err}")
 
 
-def make_app(runner, scheduler) -> web.Application:
+def make_app(runner, scheduler, server_flags: dict | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
     app[RUNNER] = runner
     app[SCHEDULER] = scheduler
     app[GENERATE_COUNT] = [0]
     app[ENGINE_ID] = uuid.uuid4().hex  # this engine's worker id in the /workers listing
+    app[UNPAUSED] = asyncio.Event()
+    app[UNPAUSED].set()
+    app[SERVER_FLAGS] = dict(server_flags or {})
     app.router.add_post("/generate", generate)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
@@ -270,6 +372,11 @@ def make_app(runner, scheduler) -> web.Application:
     app.router.add_post("/flush_cache", flush_cache)
     app.router.add_get("/flush_cache", flush_cache)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_post("/update_weight_version", update_weight_version)
+    app.router.add_get("/weight_version", weight_version)
+    app.router.add_get("/get_weight_version", weight_version)
+    app.router.add_post("/pause_generation", pause_generation)
+    app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/abort_request", abort_request)
     app.router.add_get("/v1/loads", loads)
     app.router.add_get("/workers", workers)  # a router route: see the module docstring
