@@ -65,3 +65,16 @@ def test_the_dry_run_refuses_it_before_anything_starts(model, tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--hf-checkpoint", model, "--num-rollout", "1", "--custom-config-path", str(config), "--dry-run"])
     assert "must be a number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,where", [
+    ("lr: 1e-3\nmax_turns: [3\nuse_tcod: true\n", "line 3 column 9: not valid YAML: expected ',' or ']', but got ':' "
+     "(while parsing a flow sequence from line 2)"),
+    ("lr: 1e-3\n  max_turns: 3\n", "line 2 column 12: not valid YAML: mapping values are not allowed here"),
+])
+def test_malformed_yaml_is_refused_naming_its_line(model, tmp_path, capsys, text, where):
+    with pytest.raises(SystemExit) as exit_:
+        parse(model, tmp_path, text)
+    assert exit_.value.code == 2
+    [err] = capsys.readouterr().err.strip().splitlines()
+    assert err.split(": ", 1)[1] == f"error: --custom-config-path {tmp_path / 'config.yaml'} {where}", err

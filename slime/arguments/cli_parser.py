@@ -11,6 +11,8 @@ import argparse
 import difflib
 import re
 
+from slime.arguments.unsupported_flags import ABSENT, absent_flags, one_line, refused_flags
+
 # Help text that already says what the flag defaults to ("default: --lr", "Default is 1", "off by default").
 _STATES_DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
 
@@ -41,6 +43,13 @@ class LaunchParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
+        absent = absent_flags(extras)
+        if absent:
+            # slime flags this runtime lacks: each with its answer, with any refused ones, in one line.
+            others = [w for w in extras if w.startswith("--") and not any(a.startswith(w.split("=", 1)[0] + " ")
+                                                                          for a in absent)]
+            rest = f"; unrecognized arguments: {' '.join(others)}{self._suggestion(others)}" if others else ""
+            self.error(one_line(absent + refused_flags(namespace)) + rest)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
         return namespace
@@ -57,6 +66,8 @@ class LaunchParser(argparse.ArgumentParser):
             if longer:
                 hints.append(f"{name} is short for {' or '.join(longer[:3])}: flags are not abbreviated, "
                              "spell it out")
-            elif close := difflib.get_close_matches(name, options, n=1):
-                hints.append(f"{name}: did you mean {close[0]}?")
+            elif close := difflib.get_close_matches(name, options + list(ABSENT), n=1):
+                # A near miss of a slime flag this runtime lacks gets that flag's answer, not a random neighbour.
+                answer = f" (a slime flag not implemented here: {ABSENT[close[0]]})" if close[0] in ABSENT else ""
+                hints.append(f"{name}: did you mean {close[0]}?{answer}")
         return f" ({'; '.join(hints)})" if hints else ""

@@ -31,7 +31,7 @@ def apply_custom_config(args, parser=None, argv=None) -> list[str]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        _fail(f"--custom-config-path {path}: not valid YAML ({str(err).splitlines()[0]})")
+        _fail(f"--custom-config-path {yaml_error_where(path, err)}")
     if not isinstance(data, dict):
         _fail(f"--custom-config-path {path}: the YAML must be a mapping of argument names to values")
     actions = flag_actions(parser) if parser is not None else {}
@@ -110,3 +110,17 @@ def typed_value(action, value, key: str):
         items = value if isinstance(value, list) else [value]
         return [_one(action, item, where) for item in items]
     return _one(action, value, where)
+
+
+def yaml_error_where(path: Path, err) -> str:
+    """``FILE line N column C: not valid YAML: PROBLEM`` (and where the construct it broke began), from
+    PyYAML's marks (0-based) instead of its first line, which names no line."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    if mark is None:
+        return f"{path}: not valid YAML ({problem})"
+    text = f"{path} line {mark.line + 1} column {mark.column + 1}: not valid YAML: {problem}"
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None:
+        text += f" ({context} from line {start.line + 1})"
+    return text

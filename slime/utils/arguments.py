@@ -30,6 +30,7 @@ from slime.arguments.custom_config import apply_custom_config
 from slime.arguments.megatron_arguments import add_megatron_arguments, validate_megatron_args
 from slime.arguments.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
 from slime.arguments.ranges import validate_finite, validate_ranges
+from slime.arguments.unsupported_flags import one_line, refused_flags
 # The two names upstream's arguments.py gets from port.py, importable from here as there.
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args  # noqa: F401
 
@@ -359,6 +360,9 @@ def _validate_memory(args):
 
 def validate_args(args):
     """Check cross-flag rules and fill derived defaults in place. Raises ArgumentError."""
+    refused = refused_flags(args)
+    if len(refused) > 1:  # all in one line (a single one gets its own refusal below)
+        _fail(one_line(refused))
     validate_finite(args)
     if args.rollout_temperature <= 0:
         _fail("--rollout-temperature must be > 0 (on-policy training needs a sampling distribution)")
