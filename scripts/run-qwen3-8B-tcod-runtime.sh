@@ -11,7 +11,8 @@
 #   TRAIN_BACKEND=fsdp|megatron  TP=2 (megatron: tensor-parallel size; the trainer's GPUs are rounded down
 #   to a multiple of it and the rest go to the rollout engines)
 # DRY_RUN=1 checks the flags, plugin paths and data files (DATA and EVAL_DATA must exist) and prints the
-# plan without starting anything (no GPU, no checkpoint needed). REHEARSAL=1 runs these flags on CPU for 2 rollouts with tiny models and
+# plan without starting anything (no GPU; without STUDENT's weights here, the plan uses its config.json or
+# Qwen3-8B's shape and says so). REHEARSAL=1 runs these flags on CPU for 2 rollouts with tiny models and
 # the hf_engine in place of the checkpoints and SGLang (scripts/rehearsal.py lists every swap), writing
 # under REHEARSAL_DIR (default: a new temporary folder); the test suite runs it.
 # GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
@@ -150,23 +151,40 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
   exec "${PYTHON}" -m scripts.rehearsal "${REHEARSAL_ARGS[@]}" -- "${ALL_ARGS[@]}"
 fi
 # Checked here rather than by train.py, to say how to make the file. ScienceWorld numbers the variations of
-# a task by seed: 0..149 are its train split and 150..224 its dev split, so the two files stay disjoint.
+# a task by seed: 0..149 are its train split and 150..224 its dev split; some variations of the two open
+# with the same observation, which the eval file's --exclude leaves out, so the two files stay disjoint.
 # make_data is a module of this checkout, so the command it prints runs from the repository root.
-need_data() {  # need_data VARIABLE PATH TASKS FIRST_SEED
+need_data() {  # need_data VARIABLE PATH TASKS FIRST_SEED [MAKE_DATA_FLAGS]
   [ -f "$2" ] && return 0
   local cd_repo=""
   [ "${CALLER_DIR}" = "${REPO_DIR}" ] || cd_repo="cd ${REPO_DIR} && "
   case "${TASK_ENV}" in
-    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${cd_repo}${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4} --out ${2}" >&2 ;;
+    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${cd_repo}${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4}${5:+ ${5}} --out ${2}" >&2 ;;
     *) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; ${TASK_ENV} tasks are rows written from its downloaded data (examples/agent_envs/README.md, ALFWorld and WebShop)" >&2 ;;
   esac
   exit 2
 }
 need_data DATA "${DATA}" 150 0
-need_data EVAL_DATA "${EVAL_DATA}" 75 150
+need_data EVAL_DATA "${EVAL_DATA}" 75 150 "--exclude ${DATA}"
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  # Checkpoints need not be on this machine for the plan; data files and plugin paths are checked.
-  exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}"
+  # train.py's dry run checks the model folders as the real run does. Without STUDENT's weights on this
+  # machine, the plan is made from its config.json (--model-config-json), or from Qwen3-8B's shape, this
+  # script's model, when STUDENT is not here at all; the line below says which.
+  PLAN_ARGS=()
+  if ! compgen -G "${STUDENT}/*.safetensors" > /dev/null; then
+    CONFIG="${STUDENT}/config.json"
+    if [ ! -f "${CONFIG}" ]; then
+      CONFIG="$(mktemp -t qwen3-8b-config-XXXXXX.json)"
+      cat > "${CONFIG}" <<'JSON'
+{"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+ "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+ "tie_word_embeddings": false, "max_position_embeddings": 40960}
+JSON
+    fi
+    echo "run-qwen3-8B-tcod-runtime.sh: STUDENT=${STUDENT} has no weights on this machine: the plan reads ${CONFIG}; the real run needs the folder" >&2
+    PLAN_ARGS=(--model-config-json "${CONFIG}")
+  fi
+  exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}" "${PLAN_ARGS[@]}"
 fi
 
 # 1. The teacher: an SGLang server on the last TEACHER_GPUS devices (outside Ray), scoring only.

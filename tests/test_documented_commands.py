@@ -163,6 +163,17 @@ def test_documented_dry_run_runs_as_written(tmp_path, where, command, setup):
     assert "TCOD      :" in out.stdout and "memory    :" in out.stdout, f"{where}: no plan printed\n{out.stdout}"
 
 
+def test_every_documented_eval_file_leaves_out_its_training_tasks():
+    # Two ScienceWorld variations can open with the same observation: without --exclude the eval file shared 5
+    # of its 75 tasks with training. Every documented make_data line writing an eval file excludes the train one.
+    lines = [(p.relative_to(ROOT).as_posix(), line) for p in OWN_DOCS for line in p.read_text().splitlines()
+             if re.search(r"make_data .*--out \S*_eval\.jsonl", line)]
+    assert len(lines) >= 2, lines
+    for where, line in lines:
+        out = re.search(r"--out (\S*)_eval\.jsonl", line).group(1)
+        assert f"--exclude {out}_train.jsonl" in line, f"{where}: {line.strip()}"
+
+
 def _gpu_script(env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(ROOT / GPU_SCRIPT)], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env=_clean_env(DRY_RUN="1", **env))
@@ -186,7 +197,7 @@ def test_a_missing_task_file_is_named_with_the_command_that_makes_it(tmp_path):
     shutil.copy(_task_files(tmp_path / "data") / "scienceworld_train.jsonl", train)
     line = _one_line(_gpu_script({"DATA_DIR": str(empty), "PYTHON": sys.executable}))
     assert line.startswith(f"run-qwen3-8B-tcod-runtime.sh: EVAL_DATA={empty / 'scienceworld_eval.jsonl'} does not")
-    assert "--n 75 --seed 150 --out" in line
+    assert f"--n 75 --seed 150 --exclude {train} --out" in line  # held out: no task of the training file
     # A relative DATA is the caller's path, though the script runs train.py from the repository root.
     # From elsewhere, the command it prints goes to the repository first (make_data is a module of it).
     line = _one_line(_gpu_script({"DATA": "train.jsonl", "PYTHON": sys.executable}, cwd=tmp_path))

@@ -48,9 +48,25 @@ def data(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def model(tmp_path_factory):
+    """The dry runs' --hf-checkpoint: a dry run checks the model folder as a real start does."""
+    from slime.utils.tiny_models import save_tiny_checkpoint
+
+    MODEL[:] = [str(save_tiny_checkpoint(tmp_path_factory.mktemp("model") / "m", hidden_size=16, num_layers=1,
+                                         num_heads=2))]
+    return MODEL[0]
+
+
+MODEL: list[str] = []
+
+
 def run_main(monkeypatch, capsys, argv, dry_run=True):
-    """train.main in-process as ``train.py``; returns (exit code, stdout, stderr)."""
+    """train.main in-process as ``train.py``; returns (exit code, stdout, stderr). A dry run gets the tiny model
+    (the real starts here are refused before or at the pre-flight: no --hf-checkpoint)."""
     monkeypatch.setattr(sys, "argv", ["train.py"])  # the parser's prog
+    if dry_run and "--hf-checkpoint" not in argv:
+        argv = [*argv, "--hf-checkpoint", MODEL[0]]
     try:
         code = train.main((["--dry-run"] if dry_run else []) + argv)
     except SystemExit as exc:
@@ -300,7 +316,7 @@ def test_the_same_puzzle_under_another_seed_counts_as_shared(tmp_path):
 
 
 def test_the_runtimes_own_warnings_print_as_one_line(data):
-    argv = [*BASE, "--dry-run", "--prompt-data", data["train"], "--use-opd", "--opd-type", "sglang",
+    argv = [*BASE, "--dry-run", "--hf-checkpoint", MODEL[0], "--prompt-data", data["train"], "--use-opd", "--opd-type", "sglang",
             "--rm-url", "http://127.0.0.1:13141/generate", "--rollout-temperature", "0.5"]
     code, err = _parse_error_cli(*argv)
     assert code == 0, err

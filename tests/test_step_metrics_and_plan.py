@@ -85,8 +85,12 @@ def tasks(tmp_path_factory):
     return str(path)
 
 
-def test_train_dry_run_prints_plan_and_starts_nothing(tasks):
-    out = _run([sys.executable, "train.py", "--dry-run", "--hf-checkpoint", "m", "--prompt-data", tasks,
+def test_train_dry_run_prints_plan_and_starts_nothing(tasks, tmp_path):
+    from slime.utils.tiny_models import save_tiny_checkpoint
+
+    # The dry run checks the model folder as the real run does: a tiny one (a missing one is refused).
+    model = str(save_tiny_checkpoint(tmp_path / "model", hidden_size=16, num_layers=1, num_heads=2))
+    out = _run([sys.executable, "train.py", "--dry-run", "--hf-checkpoint", model, "--prompt-data", tasks,
                 "--use-opd", "--opd-type", "sglang",
                 "--rm-url", "http://127.0.0.1:1/generate", "--max-turns", "30", "--use-tcod", "--tcod-mode", "f2b",
                 "--rollout-interaction-env-path", "examples.agent_envs",

@@ -119,6 +119,7 @@ class OutputLock:
 
     def __init__(self, args):
         self._files = []
+        self._made: list[Path] = []  # folders this lock created, outermost first (discard() removes them)
         seen = []
         for name, flag in OUTPUT_FLAGS:
             value = getattr(args, name, None)
@@ -130,7 +131,9 @@ class OutputLock:
     def _take(self, folder: Path, flag: str) -> None:
         import fcntl
 
+        missing = [p for p in (folder.absolute(), *folder.absolute().parents) if not p.exists()]
         folder.mkdir(parents=True, exist_ok=True)
+        self._made.extend(reversed(missing))
         handle = open(folder / self.NAME, "a+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -138,7 +141,7 @@ class OutputLock:
             handle.seek(0)
             holder = handle.read().strip() or "?"
             handle.close()
-            self.release()
+            self.discard()
             raise ArgumentError(f"{flag} {folder} is in use by another run (pid {holder}): wait for it to end, "
                                 f"or choose a new {flag} folder") from None
         handle.seek(0)
@@ -151,3 +154,17 @@ class OutputLock:
         for handle in self._files:
             handle.close()  # closing the file releases its flock
         self._files = []
+
+    def discard(self) -> None:
+        """Release, for a run refused before it wrote anything: its lock files go, and so do the folders
+        the lock created (an empty --save holding a lock reads as a run that happened)."""
+        names = [Path(handle.name) for handle in self._files]
+        self.release()
+        for lock_file in names:
+            lock_file.unlink(missing_ok=True)
+        for folder in reversed(self._made):  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: something else wrote there meanwhile
+                break
+        self._made = []

@@ -15,6 +15,10 @@ start-up, engine loads, or 55 s of retrying a model hub this project never downl
 * ``--load`` holds an intact checkpoint (checksums verified; see ``slime.checkpoint.driver``), or
   nothing yet (a missing or empty folder: the run starts from step 0).
 
+``--dry-run`` runs them all too, so a plan is printed only for a run that would start; with
+``--model-config-json`` (a plan made on a machine without the models) it skips the model folders and their
+tokenizer, and says so in the plan. A dry run never asks the teacher server (scripts start it after the plan).
+
 Every failure is an :class:`ArgumentError` naming the flag.
 """
 
@@ -40,6 +44,10 @@ def preflight(args) -> Inputs:
     if args.num_rollout is None:
         raise ArgumentError("--num-rollout is required (number of rollout/train steps)")
     check_backend(args)
+    if args.dry_run and args.model_config_json:
+        # A plan made away from the models (--model-config-json stands in for --hf-checkpoint's config):
+        # the checkpoint to resume is still verified; the real run checks the models before Ray.
+        return Inputs(tokenizer=None, load_folder=resolve_load(args))
     megatron_loads = check_model_folders(args)
     check_model_shape(args)
     from slime.rollout.sglang_rollout import GenerateState
@@ -79,7 +87,8 @@ def check_model_folders(args) -> set[str]:
             if path is not None:
                 sources[flag] = resolve_load(path, flag, step)
     except (FileNotFoundError, ValueError) as err:
-        raise ArgumentError(f"{err} (models are never downloaded: pass a local folder)") from None
+        away = ", or for a plan made away from the model its config.json as --model-config-json" if args.dry_run else ""
+        raise ArgumentError(f"{err} (models are never downloaded: pass a local folder{away})") from None
     megatron = {flag: source.folder for flag, source in sources.items() if source.kind == "megatron"}
     for flag, folder in megatron.items():
         if args.train_backend != "megatron":
@@ -128,7 +137,8 @@ def check_vocabularies(args, tokenizer, skip: set[str] = frozenset()) -> None:
         for flag, path in local:
             if path and flag not in skip:
                 teacher_vocab.check_local_vocab(args.hf_checkpoint, path, flag, policy_vocab=policy_vocab)
-        if args.use_opd and args.opd_type == "sglang":
+        # A dry run does not ask the teacher server: scripts start it after their plan (the real run asks).
+        if args.use_opd and args.opd_type == "sglang" and not args.dry_run:
             from slime.rollout.sglang_rollout import run_async
             from slime.utils.http_utils import close_session
 

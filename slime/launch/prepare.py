@@ -3,14 +3,15 @@ when it lets the run go on.
 
 What it does, in the order a run meets it (every refusal is one line, ``train.py: error: MESSAGE``, exit 2):
 
-1. ``checks.check_launch``: the checks ``--dry-run`` runs too (plugins, data rows and their environments,
-   output folders, ``--rm-url``, YAML keys, resume); the defaults it takes and its warnings come back as notes.
-   ``--dry-run`` prints the plan with them (``plan.print_plan``) and ends here, exit 0;
+1. ``checks.check_launch`` (plugins, data rows and their environments, output folders, ``--rm-url``, YAML
+   keys, resume); the defaults it takes and its warnings come back as notes. ``--dry-run`` runs the
+   pre-flight of step 4 too, prints the plan with the notes (``plan.print_plan``) and ends here, exit 0;
 2. the notes on stderr, one ``train.py: NOTE`` line each;
 3. without ``--save`` or ``--metrics-dir``, a new ``outputs/run-DATE-TIME`` folder, named on stderr; then the
    output folders' lock (``output_paths.OutputLock``), held until the ``with`` block ends;
 4. logging configured, then ``preflight.preflight``: model folders and shape, prompt files with the
-   tokenizer, teacher vocabulary, the verified ``--load`` iteration;
+   tokenizer, teacher vocabulary, the verified ``--load`` iteration. A refusal here releases the lock and
+   removes the lock files and the (empty) folders the lock made;
 5. a resumed run's engines are pointed at the checkpoint's policy (``args.rollout_model_path``).
 """
 
@@ -49,6 +50,17 @@ def prepare_run(args):
         yield _refused(err)
         return
     if args.dry_run:
+        try:
+            # The real run's pre-flight too (models, tokenizer, teacher, the verified --load): a plan is
+            # printed only for a run that would start.
+            preflight(args)
+        except ArgumentError as err:
+            yield _refused(err)
+            return
+        if args.model_config_json:
+            notes.append(f"note: --model-config-json given: the model folders (--hf-checkpoint "
+                         f"{args.hf_checkpoint}) and their tokenizer were not checked; the real run checks "
+                         "them before Ray")
         print_plan(args, notes)
         yield Prepared(exit_code=0)
         return
@@ -67,7 +79,7 @@ def prepare_run(args):
         try:
             inputs = preflight(args)
         except ArgumentError as err:
-            lock.release()
+            lock.discard()  # a refused run leaves no lock, nor the folders the lock made
             discard_unused(fresh)
             yield _refused(err)
             return
