@@ -44,8 +44,8 @@ def test_a_missing_model_folder_is_refused_by_the_dry_run_as_by_a_real_start(inp
     missing = str(tmp_path / "Qwen3-8B")
     code, out, err = run(monkeypatch, capsys, argv(inputs, "--dry-run", model=missing))
     assert code == 2 and out == "", out
-    assert err == (f"train.py: error: --hf-checkpoint {missing!r} is not a folder; on the fsdp backend it must be a HF "
-                   "model folder with config.json and *.safetensors weights (models are never downloaded: pass a "
+    assert err == (f"train.py: error: --hf-checkpoint {missing!r} is not a folder; on the fsdp backend it must be a "
+                   "HF model folder with config.json and *.safetensors weights (models are never downloaded: pass a "
                    "local folder, or for a plan made away from the model its config.json as --model-config-json)\n")
     save = tmp_path / "runs" / "new" / "save"
     code, _, err = run(monkeypatch, capsys, argv(inputs, "--save", str(save), model=missing))

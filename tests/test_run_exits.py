@@ -146,7 +146,8 @@ def test_a_finished_run_ends_with_the_summary_line(runs):
     run = runs["finished"]
     assert run.wait(240) == 0, run.stderr()[-3000:]
     out = run.out
-    assert run.stderr().splitlines()[-1] == (f"train.py: done: last step 1 of 2, last checkpoint {out}/iter_0000001, "
+    assert run.stderr().splitlines()[-1] == (f"train.py: done: 2 of 2 steps (last: step 1), last checkpoint "
+                                             f"{out}/iter_0000001, "
                                              f"metrics {out}/metrics.jsonl")
     assert "Traceback" not in run.output()
     assert lines(run.log.with_suffix(".closed")) == lines(run.log.with_suffix(".built")) != []
@@ -166,7 +167,7 @@ def test_ctrl_c_stops_quietly_closes_every_env_and_leaves_no_process(runs):
     err = run.stderr()
     assert err.splitlines()[-2:] == [
         "train.py: interrupted at step 1; stopping engines and trainers",
-        f"train.py: interrupted: last step 0 of 20, last checkpoint {run.out}/iter_0000000, "
+        f"train.py: interrupted: 1 of 20 steps (last: step 0), last checkpoint {run.out}/iter_0000000, "
         f"metrics {run.out}/metrics.jsonl"]
     output = run.output()
     assert "Traceback" not in output and "no running event loop" not in output, output[-3000:]
@@ -214,8 +215,8 @@ def test_a_failed_run_prints_the_summary_after_its_paragraph(stubbed, capsys, fa
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-2].startswith(paragraph)
-    assert err.splitlines()[-1] == (f"train.py: failed: last step 1 of 4, last checkpoint {out}/iter_0000001, "
-                                    f"metrics {out}/metrics.jsonl")
+    assert err.splitlines()[-1] == (f"train.py: failed: 2 of 4 steps (last: step 1), last checkpoint "
+                                    f"{out}/iter_0000001, metrics {out}/metrics.jsonl")
 
 
 def test_an_interrupt_before_any_step_says_none(stubbed, capsys):
@@ -224,7 +225,7 @@ def test_an_interrupt_before_any_step_says_none(stubbed, capsys):
     assert train.main(base) == 130
     err = capsys.readouterr().err.splitlines()
     assert err[-2:] == ["train.py: interrupted at step 0; stopping engines and trainers",
-                        f"train.py: interrupted: last step none of 4, last checkpoint none, metrics {out}/metrics.jsonl"]
+                        f"train.py: interrupted: 0 of 4 steps, last checkpoint none, metrics {out}/metrics.jsonl"]
 
 
 # ------------------------------------------------------------------ pieces

@@ -59,6 +59,9 @@ def check_launch(args) -> list[str]:
     notes += overlap_warnings(args)
     _check_expert_prefix(args, train_data)
     notes += resume_notes(args)
+    if args.save and not args.save_interval and args.num_rollout > 0:
+        notes.append(f"warning: --save {args.save} without --save-interval: no checkpoint is written (add "
+                     "--save-interval N: every N steps and after the last)")
     return notes + budget_warnings(args)
 
 

@@ -87,7 +87,8 @@ def check_model_folders(args) -> set[str]:
             if path is not None:
                 sources[flag] = resolve_load(path, flag, step)
     except (FileNotFoundError, ValueError) as err:
-        away = ", or for a plan made away from the model its config.json as --model-config-json" if args.dry_run else ""
+        away = ", or for a plan made away from the model its config.json as --model-config-json" \
+            if args.dry_run else ""
         raise ArgumentError(f"{err} (models are never downloaded: pass a local folder{away})") from None
     megatron = {flag: source.folder for flag, source in sources.items() if source.kind == "megatron"}
     for flag, folder in megatron.items():

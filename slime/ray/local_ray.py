@@ -24,6 +24,35 @@ def _psutil():
     return psutil
 
 
+def registered_cluster(timeout: float = 0.5) -> str | None:
+    """The address of a live cluster that ``ray start`` registered on this machine, or None (none, or only
+    its leftover registration: the head is gone). ``train.py`` names it without joining it."""
+    from ray._private.utils import read_ray_address
+
+    address = read_ray_address()
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    import socket
+
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return address
+    except (OSError, ValueError):
+        return None
+
+
+def join_with_token() -> None:
+    """Before ``ray.init(address=...)``: use this machine's Ray token as ``ray start`` does. A ``ray start`` head
+    (Ray >= 2.52) requires token authentication, but a driver joining it sends its token only with
+    ``RAY_AUTH_MODE=token``: without it every join retried for 20 s and failed. An explicit mode is kept."""
+    try:
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 class LocalRay:
     """The processes of the Ray cluster this process started: ``record()`` them, ``stop()`` them all."""
 

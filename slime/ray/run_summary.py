@@ -2,11 +2,11 @@
 
 Every run past its input checks ends with one line on stderr, finished, failed or interrupted::
 
-    train.py: done: last step 59 of 60, last checkpoint /x/iter_0000059, metrics /x/metrics.jsonl
+    train.py: done: 60 of 60 steps (last: step 59), last checkpoint /x/iter_0000059, metrics /x/metrics.jsonl
 
 (``interrupted``, ``failed`` or ``stopped`` (SIGTERM) instead of ``done``; ``none`` where there is no
-step, checkpoint or metrics file). Steps are numbered from 0, as the metrics rows' ``step`` and the
-checkpoints' ``iter_`` folders are.
+checkpoint or metrics file). Steps are counted, then the last one is named by its number, from 0 as the
+metrics rows' ``step`` and the checkpoints' ``iter_`` folders are.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ class RunProgress:
         self.told_interrupt = True
 
     def summary(self, status: str) -> str:
-        step = "none" if self.last_step is None else self.last_step
+        # Counted ("3 of 3 steps"), then the last step's number, which counts from 0 as the rows and iter_ do.
+        done = 0 if self.last_step is None else self.last_step + 1
+        last = "" if self.last_step is None else f" (last: step {self.last_step})"
         metrics = self.metrics if self.metrics is not None and Path(self.metrics).is_file() else "none"
-        return f"{status}: last step {step} of {self.total}, last checkpoint {self.checkpoint or 'none'}, " \
+        return f"{status}: {done} of {self.total} steps{last}, last checkpoint {self.checkpoint or 'none'}, " \
                f"metrics {metrics}"
 
 
