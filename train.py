@@ -25,16 +25,39 @@ from slime.ray.failures import describe_failure
 from slime.utils.arguments import parse_args
 
 
+def _say(line: str) -> None:
+    print(f"train.py: {line}", file=sys.stderr, flush=True)
+
+
 def _init_ray(args):
+    """Join the cluster --ray-address / RAY_ADDRESS names, else start a local Ray of this run's own.
+
+    ``address="local"``: a bare ``ray.init()`` joins whatever ``ray start`` registered on this machine (live or
+    long gone) and then refuses ``num_cpus``; a run without an address never joins by accident."""
     import ray
 
+    from slime.ray.local_ray import join_with_token, registered_cluster
+    from slime.utils.heartbeat import heartbeat
+
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
+    start = time.monotonic()
+    # Ray announces its default, token authentication, with a WARNING that would read as a problem.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if address:
+        _say(f"joining the Ray cluster at {address} ({'--ray-address' if args.ray_address else 'RAY_ADDRESS'})")
+        join_with_token()
         ray.init(address=address, ignore_reinit_error=True)
     else:
         world = args.actor_num_nodes * args.actor_num_gpus_per_node
-        ray.init(num_cpus=max(2, world + 1), include_dashboard=False, ignore_reinit_error=True,
-                 log_to_driver=True, logging_level=logging.WARNING)
+        cpus = max(2, world + 1)
+        live = registered_cluster()
+        beside = f"; the Ray cluster `ray start` runs at {live} is not joined (--ray-address {live} joins it)" \
+            if live else ""
+        _say(f"starting a local Ray for this run ({cpus} CPUs){beside}")
+        with heartbeat("train.py: still starting Ray"):
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, ignore_reinit_error=True,
+                     log_to_driver=True, logging_level=logging.WARNING)
+    _say(f"Ray up in {time.monotonic() - start:.0f} s")
 
 
 def _due(step: int, interval: int | None, last: int) -> bool:
@@ -165,6 +188,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     from slime.rollout import debug_rollout_data, teacher_prefix
     from slime.rollout.empty_steps import EmptySteps
     from slime.rollout.trainable_samples import trainable
+    from slime.utils.heartbeat import heartbeat
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
     from slime.utils.step_metrics import rollout_metrics
@@ -176,14 +200,20 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     start = 0
     try:
         # Engine processes load while the trainer group starts; we wait for them after.
-        rollout_manager = RolloutManager(args, inputs.tokenizer)
-        trainer = TrainerGroup(args)
-        if inputs.load_folder is not None:
-            state = load_checkpoint(inputs.load_folder, trainer=trainer, data_source=rollout_manager.data_source,
-                                    kl_controller=kl_ctrl, teacher_episodes=teacher_prefix.CACHE,
-                                    verify=False)  # verified by preflight
-            start = state["rollout_id"] + 1
-        rollout_manager.wait_engines()
+        started = time.monotonic()
+        tqdm.write(f"train.py: starting {args.actor_num_nodes * args.actor_num_gpus_per_node} trainer process(es) "
+                   "and the rollout engine(s); each loads the model", file=sys.stderr)
+        with heartbeat("train.py: still starting the trainer and the rollout engine(s)"):
+            rollout_manager = RolloutManager(args, inputs.tokenizer)
+            trainer = TrainerGroup(args)
+            if inputs.load_folder is not None:
+                state = load_checkpoint(inputs.load_folder, trainer=trainer, data_source=rollout_manager.data_source,
+                                        kl_controller=kl_ctrl, teacher_episodes=teacher_prefix.CACHE,
+                                        verify=False)  # verified by preflight
+                start = state["rollout_id"] + 1
+            rollout_manager.wait_engines()
+        tqdm.write(f"train.py: trainer and rollout engine(s) ready in {time.monotonic() - started:.0f} s",
+                   file=sys.stderr)
         if local_ray is not None:
             local_ray.record()  # the trainer actors' worker processes, now that they run
         # Resuming from step 0 (a --load that holds no checkpoint yet) runs the evaluation before training again.

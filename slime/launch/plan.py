@@ -58,9 +58,20 @@ def describe_plan(args) -> list[str]:
     else:
         lines.append(f"KL ctrl   : fixed coef {args.kl_coef}; KL loss "
                      f"{'on, coef ' + str(args.kl_loss_coef) if args.use_kl_loss else 'off'}")
-    lines.append(f"checkpoint: save {args.save} every {args.save_interval}; load {args.load}")
+    lines.append(f"checkpoint: {_checkpoint_plan(args)}")
     lines.extend(describe_memory(args))
     return lines
+
+
+def _checkpoint_plan(args) -> str:
+    """Where checkpoints go and when, in words (no ``every None``): a --save without --save-interval writes none."""
+    if not args.save:
+        saves = "none saved (no --save)"
+    elif args.save_interval:
+        saves = f"to {args.save} every {args.save_interval} step(s) and after the last"
+    else:
+        saves = f"none saved: --save {args.save} without --save-interval"
+    return saves + (f"; resumes from --load {args.load}" if args.load else "; starts fresh (no --load)")
 
 
 def _megatron_lines(args, world: int) -> list[str]:
