@@ -57,7 +57,7 @@ from aiohttp import web  # noqa: E402
 from tokenizers import AddedToken  # noqa: E402
 
 from examples.multi_turn_tcod import rollout as agent_loop  # noqa: E402
-from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
+from examples.agent_envs.make_data import task_rows  # noqa: E402
 from slime.rollout import sample_hooks  # noqa: E402
 from slime.rollout import sglang_rollout  # noqa: E402
 from slime.utils import http_utils  # noqa: E402

@@ -102,7 +102,7 @@ def make_batches(n_batches: int, teacher_ckpt: str, seed: int = 0) -> list[list]
     rows = list(task_rows("gridnav", n, seed, DEMO["grid"], min_len=DEMO["min_len"], max_len=DEMO["max_len"]))
     samples = []
     for i, row in enumerate(rows):
-        env = gridnav.build_env({"metadata": row["metadata"]}, None)
+        env = gridnav.GridNavEnv(row["metadata"])
         sample = Sample(group_index=i % DEMO["batch"], index=i % DEMO["batch"], prompt=row["input"],
                         tokens=encode_prompt(tok, env.reset()[0]), reward=0.0)
         turns = rng.randint(*DEMO["turns"])

@@ -113,7 +113,7 @@ def test_two_runs_with_different_concurrency_log_the_same_figures(tmp_path):
     import ray
 
     import train
-    from examples.multi_turn_tcod.envs.make_data import task_rows
+    from examples.agent_envs.make_data import task_rows
     from slime.backends.sglang_utils.launcher import launch_engine
     from slime.utils.metrics import read_metrics
 

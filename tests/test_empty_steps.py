@@ -10,7 +10,7 @@ import json
 import pytest
 
 import train
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.rollout.empty_steps import EMPTY_STEPS_LIMIT
 from slime.utils.metrics import read_metrics
 from slime.utils.tiny_models import save_tiny_checkpoint

@@ -16,7 +16,7 @@ from slime.utils.types import Sample
 def test_environment_calls_leave_the_event_loop_unless_the_env_does_not_block(monkeypatch, tokenizer, tasks):
     threads = []
 
-    class Blocking(build_env(Sample(metadata=dict(tasks[0]["metadata"]))).__class__):
+    class Blocking(build_env(Sample(metadata=dict(tasks[0]["metadata"])), None).__class__):
         blocking = True
 
         def step(self, response_text):

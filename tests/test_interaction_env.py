@@ -224,7 +224,7 @@ def test_a_malformed_formatted_observation_fails_its_episode(loop, tmp_path, fir
 
 def test_env_paths_are_checked(loop, tmp_path):
     with pytest.raises(ValueError, match="has no callable build_env"):
-        loop("examples.multi_turn_tcod.envs.common", [Sample(index=0, metadata={"env": "gridnav", "seed": 0})])
+        loop("examples.agent_envs.puzzle", [Sample(index=0, metadata={"env": "gridnav", "seed": 0})])
     with pytest.raises(ModuleNotFoundError):
         loop("examples.agent_envs.make_env", [Sample(index=0, metadata={"env": "gridnav", "seed": 0})])
     [failed] = loop("examples.agent_envs", [Sample(index=0, prompt="p", metadata={"seed": 0})])

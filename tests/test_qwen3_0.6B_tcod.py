@@ -46,7 +46,7 @@ def prepare():
     # 4x4 grids whose expert path has 2 to 4 moves, so that b2f replays a prefix at every depth.
     for split, seed, extra in (("train", 0, ""), ("eval", 100000, f"--exclude {DATA_DIR}/train.jsonl ")):
         U.exec_command(
-            f"cd {U.repo_base_dir} && python -m examples.multi_turn_tcod.envs.make_data --env gridnav {extra}"
+            f"cd {U.repo_base_dir} && python -m examples.multi_turn_tcod.envs.make_data {extra}"
             f"--n 64 --seed {seed} --size 4 --min-len 2 --max-len {MAX_TURNS} --out {DATA_DIR}/{split}.jsonl"
         )
 
@@ -132,7 +132,7 @@ def execute(tcod_mode: str, opd_type: str):
 
         grpo_args = (
             f"--advantage-estimator grpo --use-opd --opd-type {opd_type} --opd-kl-coef 1.0 "
-            "--use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl --entropy-coef 0.00 --eps-clip 0.2 "
+            "--entropy-coef 0.00 --eps-clip 0.2 "
         )
 
         if opd_type == "sglang":

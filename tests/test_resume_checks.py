@@ -17,7 +17,7 @@ import transformers
 from fsdp_helpers import make_args, make_samples, single_thread
 
 import train
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.checkpoint.driver import save_checkpoint
 from slime.checkpoint.files import MANIFEST, CheckpointError, read_json, verify_manifest, write_manifest
 from slime.checkpoint.layout import iteration_dir

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import train
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 

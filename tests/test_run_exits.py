@@ -125,7 +125,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from examples.multi_turn_tcod.envs.make_data import task_rows
+    from examples.agent_envs.make_data import task_rows
     from slime.utils.tiny_models import save_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("exits")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import train
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.launch.output_paths import OutputLock
 from slime.utils.metrics import MetricsLogger, read_metrics
 from slime.utils.tiny_models import save_tiny_checkpoint

@@ -1,20 +1,19 @@
 """Validation of the ``--tcod-*`` flags in ``slime_validate_args`` (CPU)."""
 
 import pytest
-import yaml
 from test_megatron_argument_validation import load_slime_arguments_module, make_slime_validate_args
 
 NUM_GPUS = 0
+HOOK = "slime.rollout.tcod.check_episode_planned"
 
 
-def make_tcod_args(tmp_path, max_turns=8, **overrides):
-    """Valid multi-turn TCOD args: OPD with an SGLang teacher, ``max_turns`` from the --custom-config-path YAML."""
-    config = tmp_path / "multi_turn.yaml"
-    config.write_text(yaml.safe_dump({"max_turns": max_turns}))
+def make_tcod_args(**overrides):
+    """Valid TCOD args: OPD with an SGLang teacher and a generate function that plays the curriculum."""
     values = dict(
         use_opd=True,
         opd_type="sglang",
-        custom_config_path=str(config),
+        custom_generate_function_path="examples.multi_turn_tcod.rollout.generate",
+        rollout_sample_hook_path=["my.hook"],
         use_tcod=True,
         tcod_mode=None,
         tcod_k_start=None,
@@ -29,17 +28,20 @@ def make_tcod_args(tmp_path, max_turns=8, **overrides):
 @pytest.mark.parametrize(
     "overrides,expected",
     [
-        (dict(), ("f2b", 1, 2, 8)),  # the defaults, k_max from the YAML's max_turns
+        (dict(), ("f2b", 1, 2, None)),  # the defaults; k_max unset: the generate function's max_turns
         (dict(tcod_mode="b2f", tcod_k_start=2, tcod_k_max=5), ("b2f", 2, 2, 5)),
     ],
 )
-def test_tcod_values_after_validation(monkeypatch, tmp_path, overrides, expected):
+def test_tcod_values_after_validation(monkeypatch, overrides, expected):
     module = load_slime_arguments_module(monkeypatch)
-    args = make_tcod_args(tmp_path, **overrides)
+    args = make_tcod_args(**overrides)
 
     module.slime_validate_args(args)
 
     assert (args.tcod_mode, args.tcod_k_start, args.tcod_eta, args.tcod_k_max) == expected
+    # The hook that fails the first rollout step if the generate function never planned an episode.
+    assert args.rollout_sample_hook_path == ["my.hook", HOOK]
+    assert not hasattr(args, "max_turns")  # no example's YAML key is read
 
 
 @pytest.mark.unit
@@ -47,17 +49,16 @@ def test_tcod_values_after_validation(monkeypatch, tmp_path, overrides, expected
     "overrides,match",
     [
         (dict(use_opd=False, opd_type=None), "--use-tcod requires --use-opd"),
-        (dict(max_turns=0), "--use-tcod requires max_turns"),
+        (dict(custom_generate_function_path=None), "--use-tcod requires a multi-turn --custom-generate-function-path"),
         (dict(tcod_eta=None), "--tcod-eta must be specified"),
         (dict(tcod_eta=0), "--tcod-eta must be specified"),
         (dict(tcod_k_start=0), r"1 <= --tcod-k-start \(0\)"),
         (dict(tcod_k_start=4, tcod_k_max=3), r"--tcod-k-start \(4\) <= --tcod-k-max \(3\)"),
-        (dict(tcod_k_max=9), r"--tcod-k-max \(9\) <= max_turns \(8\)"),
     ],
 )
-def test_tcod_rejects_invalid_settings(monkeypatch, tmp_path, overrides, match):
+def test_tcod_rejects_invalid_settings(monkeypatch, overrides, match):
     module = load_slime_arguments_module(monkeypatch)
-    args = make_tcod_args(tmp_path, **overrides)
+    args = make_tcod_args(**overrides)
 
     with pytest.raises(ValueError, match=match):
         module.slime_validate_args(args)
@@ -74,13 +75,14 @@ def test_tcod_rejects_invalid_settings(monkeypatch, tmp_path, overrides, match):
         ("--tcod-k-max", dict(tcod_k_max=4)),
     ],
 )
-def test_tcod_flags_need_use_tcod(monkeypatch, tmp_path, flag, overrides):
+def test_tcod_flags_need_use_tcod(monkeypatch, flag, overrides):
     module = load_slime_arguments_module(monkeypatch)
-    args = make_tcod_args(tmp_path, **{"use_tcod": False, "tcod_eta": None, **overrides})
+    args = make_tcod_args(**{"use_tcod": False, "tcod_eta": None, **overrides})
 
     if flag is None:
         module.slime_validate_args(args)
         assert (args.tcod_mode, args.tcod_k_start, args.tcod_eta, args.tcod_k_max) == (None,) * 4
+        assert args.rollout_sample_hook_path == ["my.hook"]
         return
     with pytest.raises(ValueError, match=f"{flag} is set but --use-tcod is not enabled"):
         module.slime_validate_args(args)

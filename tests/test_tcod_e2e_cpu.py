@@ -158,6 +158,15 @@ def qwen3_reply(context: str) -> str:
     return f"<think>\nThe goal is {goal_x - x} across and {goal_y - y} down, so one step {move}.\n</think>\n\n{move}"
 
 
+def routed_rows(ids: list[int]) -> list:
+    """The engine's routing of ``ids``: (tokens - 1, layers, top-k), experts 1..7 as a function of the token."""
+    return [[[1 + (t + k) % 7 for k in range(TOPK)]] * LAYERS for t in ids[:-1]]
+
+
+def routing(ids: list[int]) -> str:
+    return base64.b64encode(torch.tensor(routed_rows(ids), dtype=torch.int32).numpy().tobytes()).decode()  # as SGLang
+
+
 class FakeSGLang:
     """SGLang's native HTTP API on loopback: the student replies, the teacher scores the whole trajectory."""
 
@@ -188,6 +197,9 @@ class FakeSGLang:
             ]
             meta = {"input_token_logprobs": entries, "output_token_logprobs": [], "finish_reason": {"type": "length"}}
             return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
+        if not payload["sampling_params"]["max_new_tokens"]:  # a prefill-only request for its routing
+            meta = {"routed_experts": routing(ids), "finish_reason": {"type": "length"}, "output_token_logprobs": []}
+            return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
         reply = self.tokenizer.encode(qwen3_reply(self.tokenizer.decode(ids)), add_special_tokens=False)
         reply = (reply + [self.stop_id])[: payload["sampling_params"]["max_new_tokens"]]
         log_probs = self.model.token_logprobs(ids + reply)[len(ids) - 1 :]
@@ -196,10 +208,8 @@ class FakeSGLang:
         meta |= {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(reply)}
         if payload["sampling_params"].get("custom_params", {}).get("return_top_p_token_ids"):  # --rollout-top-p < 1
             meta |= {"top_p_token_ids": reply, "top_p_token_offsets": list(range(len(reply) + 1))}
-        if payload.get("return_routed_experts"):  # int32 (tokens - 1, layers, top-k), experts 1..7, base64
-            rows = [[[1 + (t + k) % 7 for k in range(TOPK)]] * LAYERS for t in (ids + reply)[:-1]]
-            routed = torch.tensor(rows, dtype=torch.int32).numpy().tobytes()
-            meta["routed_experts"] = base64.b64encode(routed).decode()
+        if payload.get("return_routed_experts"):
+            meta["routed_experts"] = routing(ids + reply)
         return web.json_response({"text": self.tokenizer.decode(reply), "output_ids": reply, "meta_info": meta})
 
 
@@ -240,7 +250,7 @@ def servers(slime_code, hf_checkpoint):
 def run_args(code, monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, top_p, env=GRIDNAV, extra=""):
     """The run's args as slime parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
     (nor its HF config check); this test converts the samples and computes the advantages itself."""
-    rows = list(code.make_data.task_rows("gridnav", 4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
+    rows = list(code.make_data.task_rows(4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
     rows[1]["metadata"]["broken"] = True  # only FAILING_ENV reads it
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = {"max_turns": 8, "max_turn_response_len": 128, "rollout_interaction_env_path": env}
@@ -357,13 +367,31 @@ def test_routing_replay_converts_a_batch_with_a_failed_episode(
 
     samples, data = manager.train_data(0)  # includes the R3 check of every sample's routing
 
-    assert {r["routing_key"] for r in student.requests} == {s.session_id for s in samples if not s.remove_sample}
+    assert {r["routing_key"] for r in student.requests} == {s.session_id for s in samples}
 
     failed = [i for i, sample in enumerate(samples) if sample.metadata["outcome"] == "env_error"]
     assert failed and not samples[0].remove_sample  # the first sample sets the batch's routing fields
-    for i, sample in enumerate(samples):
-        assert data["rollout_routed_experts"][i].shape == (len(sample.tokens) - 1, LAYERS, TOPK)
+    for i, sample in enumerate(samples):  # the engine's own routing, a failed episode's from a prefill request
+        assert data["rollout_routed_experts"][i].tolist() == routed_rows(sample.tokens)
         assert sample.remove_sample == (i in failed) and (data["loss_masks"][i].sum() == 0) == (i in failed)
+    prefills = [r for r in student.requests if r["sampling_params"]["max_new_tokens"] == 0]
+    assert sorted(r["input_ids"] for r in prefills) == sorted(samples[i].tokens for i in failed)
+
+
+def test_a_generate_function_without_the_curriculum_fails_the_first_rollout_step(
+    slime_code, monkeypatch, tmp_path, hf_checkpoint, servers
+):
+    path, _ = hf_checkpoint
+    (tmp_path / "tcod_single_turn.py").write_text("async def generate(args, sample, sampling_params):\n    return sample\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extra = "--custom-generate-function-path tcod_single_turn.generate"  # the last one given wins
+    args = run_args(slime_code, monkeypatch, tmp_path, path, *servers, "b2f", 1.0, extra=extra)
+    manager = RolloutManagerState(slime_code, args)
+    try:
+        with pytest.raises(RuntimeError, match="tcod_single_turn.generate did not play TCOD's curriculum for rollout 0"):
+            manager.train_data(0)
+    finally:
+        sys.modules.pop("tcod_single_turn", None)
 
 
 if __name__ == "__main__":

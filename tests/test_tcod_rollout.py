@@ -5,6 +5,7 @@ import asyncio
 import base64
 import string
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ from examples.multi_turn_tcod.envs import gridnav as gridnav_module  # noqa: E40
 from examples.multi_turn_tcod.envs.make_data import task_rows  # noqa: E402
 
 from slime.rollout import sample_hooks  # noqa: E402
-from slime.rollout.tcod import b2f_prefix_length, curriculum_depth, episode_plan  # noqa: E402
+from slime.rollout.tcod import b2f_prefix_length, check_episode_planned, curriculum_depth, episode_plan  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 NUM_GPUS = 0
@@ -61,14 +62,25 @@ def test_schedule_rejects_bad_parameters(step, k_start, eta, k_max):
 
 
 def test_evaluation_and_vanilla_opd_play_full_episodes():
-    full = {"mode": "full", "max_student_turns": 10, "step": 5}
-    assert episode_plan(tcod_args(), 5, evaluation=True) == full
-    assert episode_plan(tcod_args(use_tcod=False), 5) == full
+    full = {"mode": "full", "max_turns": 10, "step": 5}
+    assert episode_plan(tcod_args(), 5, 10, evaluation=True) == full
+    assert episode_plan(tcod_args(use_tcod=False), 5, 10) == full
 
 
-def test_training_needs_the_current_rollout_id():
+def test_plan_needs_the_rollout_id_and_a_k_max_within_max_turns():
     with pytest.raises(RuntimeError, match="rollout id"):
-        episode_plan(tcod_args(), None)
+        episode_plan(tcod_args(), None, 10)
+    with pytest.raises(ValueError, match=r"--tcod-k-max \(4\) must be <= the episode's max_turns \(3\)"):
+        episode_plan(tcod_args(), 0, 3)
+    assert episode_plan(tcod_args(tcod_k_max=None), 100, 6)["depth"] == 6  # unset: the generate function's limit
+
+
+def test_a_sample_the_curriculum_did_not_plan_fails_the_hook():
+    args = SimpleNamespace(custom_generate_function_path="examples.geo3k_vlm_multi_turn.rollout.generate")
+    with pytest.raises(RuntimeError, match="did not play TCOD's curriculum for rollout 3"):
+        check_episode_planned(args, Sample(metadata={"episode_plan": {"step": 2}}), rollout_id=3)
+    check_episode_planned(args, Sample(metadata={"episode_plan": {"step": 3}}), rollout_id=3)
+    check_episode_planned(args, Sample(), rollout_id=3, evaluation=True)
 
 
 @pytest.fixture(scope="module")
@@ -107,20 +119,18 @@ class ScriptedEngine:
     async def post(self, url, payload, max_retries=60, headers=None):
         self.requests.append(dict(payload, input_ids=list(payload["input_ids"])))  # the loop grows its list
         self.headers.append(headers)
-        reply = self.policy(len(self.requests) - 1)
+        limit = payload["sampling_params"]["max_new_tokens"]
+        reply = self.policy(len(self.requests) - 1) if limit else ""  # max_new_tokens 0: a prefill, no reply
         if reply is None:
             return {"text": "", "meta_info": {"finish_reason": {"type": "abort"}, "output_token_logprobs": []}}
         ids = self.tokenizer.encode(reply, add_special_tokens=False)
-        if not reply.endswith(self.tokenizer.pad_token):  # a reply may also stop on <|endoftext|>, another EOS
+        if limit and not reply.endswith(self.tokenizer.pad_token):  # a reply may also stop on <|endoftext|>
             ids.append(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
-        limit = payload["sampling_params"]["max_new_tokens"]
-        finish = {"type": "length"} if len(ids) > limit else {"type": "stop", "matched": ids[-1]}
+        finish = {"type": "stop", "matched": ids[-1]} if ids and len(ids) <= limit else {"type": "length"}
         ids = ids[:limit]
         meta = {"finish_reason": finish, "output_token_logprobs": [[-0.5, i, None] for i in ids]}
-        if (
-            payload.get("return_routed_experts") and self.routing
-        ):  # as SGLang: base64 int32, a row per token but the last
-            rows = [[t % 8, (t + 1) % 8] * 2 for t in payload["input_ids"] + ids[:-1]]
+        if payload.get("return_routed_experts") and self.routing:  # as SGLang: int32 rows for all tokens but the last
+            rows = [[t % 8, (t + 1) % 8] * 2 for t in (payload["input_ids"] + ids)[:-1]]
             meta["routed_experts"] = base64.b64encode(np.asarray(rows, dtype=np.int32).tobytes()).decode()
         return {"text": self.tokenizer.decode(ids), "meta_info": meta}
 
@@ -155,17 +165,17 @@ def make_args(**overrides):
 
 @pytest.fixture(scope="module")
 def tasks():
-    return list(task_rows("gridnav", 3, seed=0, params={"size": 5}, min_len=4, max_len=8))
+    return list(task_rows(3, seed=0, params={"size": 5}, min_len=4, max_len=8))
 
 
 def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000, state=None, **fields):
     engine = ScriptedEngine(tokenizer, policy)
+    params = {"temperature": 1.0, "max_new_tokens": max_new_tokens, **fields.pop("sampling", {})}
     state = state or FakeState(tokenizer)
     monkeypatch.setattr(rollout, "post", engine.post)
     monkeypatch.setattr(rollout, "GenerateState", lambda args: state)
     monkeypatch.setattr(sample_hooks, "_current_rollout_id", step)
     sample = Sample(index=0, prompt=row["input"], label=row["label"], metadata=dict(row["metadata"]), **fields)
-    params = {"temperature": 1.0, "max_new_tokens": max_new_tokens}
     return asyncio.run(rollout.generate(args, sample, params, evaluation)), engine
 
 
@@ -214,7 +224,7 @@ def test_f2b_plays_exactly_the_step_depth(monkeypatch, tokenizer, tasks):
     sample, engine = play(monkeypatch, tokenizer, make_args(), tasks[0], step=4, policy=lambda i: THINK + "noop")
     assert len(engine.requests) == 3 and sample.metadata["num_turns"] == 3  # k(4) = 1 + 4 // 2
     assert sample.metadata["outcome"] == "cut" and sample.status == Sample.Status.COMPLETED
-    assert sample.metadata["episode_plan"] == {"mode": "f2b", "depth": 3, "max_student_turns": 3, "step": 4}
+    assert sample.metadata["episode_plan"] == {"mode": "f2b", "depth": 3, "max_turns": 3, "step": 4}
     assert trained_text(tokenizer, sample) == (THINK + "noop<|im_end|>") * 3  # observations are masked
     assert len(sample.rollout_log_probs) == len(sample.loss_mask) == sample.response_length
     assert sample.reward is None  # the teacher's reward_func runs next, as the OPD reward hooks expect
@@ -230,6 +240,16 @@ def test_b2f_replays_the_expert_prefix_untrained(monkeypatch, tokenizer, tasks):
     assert sample.metadata["outcome"] == "done" and sample.metadata["success"]
     assert trained_text(tokenizer, sample) == "".join(THINK + a + "<|im_end|>" for a in expert[-2:])
     assert all(a in tokenizer.decode(engine.requests[0]["input_ids"]) for a in expert[:-2])
+
+
+@pytest.mark.parametrize("max_turns", [5, 3])  # the official range(start_step, max_env_steps): the prefix counts
+def test_b2f_replayed_and_student_turns_share_max_turns(monkeypatch, tokenizer, tasks, max_turns):
+    args = make_args(tcod_mode="b2f", tcod_eta=100, max_turns=max_turns, tcod_k_max=None)  # k(0) = 1
+    expert = tasks[1]["metadata"]["expert_actions"]  # 5 actions: 4 replayed
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[1], step=0, policy=lambda i: "noop")
+    assert len(expert) == 5 and sample.metadata["prefix_turns"] == 4
+    assert len(engine.requests) == sample.metadata["num_turns"] == max(0, max_turns - 4)
+    assert sample.metadata["outcome"] == "max_turns" and sample.remove_sample == (max_turns < 5)
 
 
 def test_b2f_replay_that_finishes_the_task_is_not_trained(monkeypatch, tokenizer, tasks):
@@ -255,6 +275,11 @@ def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokeni
     )
     assert engine.requests[0]["sampling_params"]["max_new_tokens"] == 60  # eval's own budget
     assert sample.response_length <= 60 and sample.metadata["outcome"] == "context_full"
+    prompt = len(engine.requests[0]["input_ids"])
+    for evaluation, budget in ((True, 50), (False, 70)):  # --eval-max-context-len in evaluation only
+        args = make_args(rollout_max_context_len=prompt + 70, eval_max_context_len=prompt + 50)
+        _, engine = play(monkeypatch, tokenizer, args, row, 6, lambda i: "noop", evaluation=evaluation)
+        assert engine.requests[0]["sampling_params"]["max_new_tokens"] == budget
 
 
 def test_b2f_replay_that_outgrows_the_budget_ends_the_episode(monkeypatch, tokenizer, tasks):
@@ -290,11 +315,12 @@ def test_megatron_teacher_trains_pure_opd(monkeypatch, tokenizer, tasks):
 @pytest.mark.parametrize("by_abort", [True, False])  # slime's abort(), or the engine on its own (not trained)
 def test_an_aborted_reply_ends_the_episode_at_once(monkeypatch, tokenizer, tasks, by_abort):
     state = FakeState(tokenizer)
-    policy = lambda i: setattr(state, "aborted", by_abort)  # noqa: E731 - the reply is None: aborted
+    policy = lambda i: "noop" if i == 0 else setattr(state, "aborted", by_abort)  # noqa: E731 - None: aborted
     sample, engine = play(monkeypatch, tokenizer, make_args(use_tcod=False), tasks[0], 0, policy, state=state)
     outcome, status = ("aborted", Sample.Status.ABORTED) if by_abort else ("engine_abort", Sample.Status.FAILED)
-    assert len(engine.requests) == 1 and sample.status == status and sample.remove_sample
-    assert sample.metadata["outcome"] == outcome and sample.metadata["num_turns"] == 0
+    assert len(engine.requests) == 2 and sample.status == status and any(sample.loss_mask)  # after a trained turn
+    assert sample.metadata["outcome"] == outcome and sample.metadata["num_turns"] == 1
+    assert sample.remove_sample or by_abort  # a failed episode never trains
 
 
 def test_an_environment_fault_fails_only_its_episode(monkeypatch, tokenizer, tasks):
@@ -302,6 +328,24 @@ def test_an_environment_fault_fails_only_its_episode(monkeypatch, tokenizer, tas
     sample, engine = play(monkeypatch, tokenizer, make_args(), broken, step=0, policy=lambda i: "noop")
     assert sample.status == Sample.Status.FAILED and "size" in sample.metadata["error"]
     assert sample.remove_sample and not engine.requests
+
+
+def test_an_environment_step_past_env_step_timeout_fails_its_episode(monkeypatch, tokenizer, tasks):
+    released = threading.Event()
+    real_step = gridnav_module.GridNavEnv.step
+    monkeypatch.setattr(gridnav_module.GridNavEnv, "blocking", True)  # called in a thread, bounded by the timeout
+    monkeypatch.setattr(gridnav_module.GridNavEnv, "step", lambda env, text: (released.wait(10), real_step(env, text))[1])
+    monkeypatch.setattr(gridnav_module.GridNavEnv, "close", lambda env: released.set())  # lets the thread end
+    args = make_args(use_tcod=False, max_turns=1, env_step_timeout=0.5)
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "up")
+    assert sample.metadata["outcome"] == "env_error" and sample.status == Sample.Status.FAILED
+    assert "within 0.5 s (env_step_timeout)" in sample.metadata["error"] and sample.remove_sample
+
+
+def test_each_turn_draws_with_its_own_sampling_seed(monkeypatch, tokenizer, tasks):
+    args = make_args(use_tcod=False, max_turns=3)
+    _, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: "noop", sampling={"sampling_seed": 7})
+    assert [r["sampling_params"]["sampling_seed"] for r in engine.requests] == [8, 9, 10]
 
 
 @pytest.mark.parametrize("apply_chat_template", [False, True])
@@ -337,18 +381,18 @@ def test_a_reply_ending_on_another_eos_is_a_finished_turn(monkeypatch, tokenizer
     assert response[end - 1 : end + 1] == [eos, stop] and sample.loss_mask[end - 1 : end + 1] == [1, 0]
 
 
-def test_routing_of_a_failed_episode_passes_the_replay_check(monkeypatch, tokenizer, tasks):
-    """Removed samples stay in the batch: under routing replay each needs a full, non-zero capture."""
+def test_a_removed_episode_replays_the_engine_s_own_routing(monkeypatch, tokenizer, tasks):
+    """Removed samples stay in the batch: what the engine never routed gets its routing from a prefill request."""
     broken = dict(tasks[0], metadata={**tasks[0]["metadata"], "size": 99})
-    args = make_args(use_rollout_routing_replay=True, num_layers=3, moe_router_topk=2)
+    args = make_args(use_rollout_routing_replay=True, num_layers=2, moe_router_topk=2)
     sample, engine = play(monkeypatch, tokenizer, args, broken, step=0, policy=lambda i: "noop")
-    assert sample.remove_sample and not engine.requests
-    routed = torch.as_tensor(sample.rollout_routed_experts)
-    assert routed.shape == (len(sample.tokens) - 1, 3, 2)
-    assert all(torch.count_nonzero(routed[:, layer, :]) for layer in range(3))
-    monkeypatch.setattr(ScriptedEngine, "routing", False)  # a trained episode is never given made-up routing
-    with pytest.raises(ValueError, match="routed 0 of"):
-        play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "up")
+    assert sample.remove_sample and [r["sampling_params"]["max_new_tokens"] for r in engine.requests] == [0]
+    assert engine.requests[0]["input_ids"] == sample.tokens and engine.requests[0]["return_routed_experts"]
+    expected = [[[t % 8, (t + 1) % 8]] * 2 for t in sample.tokens[:-1]]  # what the engine routed, not made up
+    assert torch.as_tensor(sample.rollout_routed_experts).tolist() == expected
+    monkeypatch.setattr(ScriptedEngine, "routing", False)  # no episode is ever given made-up routing
+    with pytest.raises(RuntimeError, match="the engine routed 0 of"):
+        play(monkeypatch, tokenizer, args, broken, step=0, policy=lambda i: "noop")
 
 
 def test_rollout_log_hook_metrics_and_ci_checks(monkeypatch, tokenizer, tasks):

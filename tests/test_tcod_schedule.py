@@ -72,15 +72,16 @@ def test_episode_plans_follow_the_schedule():
     from slime.rollout.tcod import episode_plan
 
     f2b = _plan_args("--use-tcod", "--tcod-mode", "f2b", "--tcod-eta", "3", "--tcod-k-max", "4")
-    assert [episode_plan(f2b, n)["max_student_turns"] for n in (0, 2, 3, 8, 9, 100)] == [1, 1, 2, 3, 4, 4]
-    assert episode_plan(f2b, 5, evaluation=True) == {"mode": "full", "max_student_turns": 10, "step": 5}
+    assert [episode_plan(f2b, n, 10)["max_turns"] for n in (0, 2, 3, 8, 9, 100)] == [1, 1, 2, 3, 4, 4]
+    assert episode_plan(f2b, 5, 10, evaluation=True) == {"mode": "full", "max_turns": 10, "step": 5}
 
     b2f = _plan_args("--use-tcod", "--tcod-mode", "b2f", "--tcod-eta", "2")
-    plans = [episode_plan(b2f, n) for n in range(8)]
-    assert all(p["mode"] == "b2f" and p["max_student_turns"] == 10 for p in plans)
+    plans = [episode_plan(b2f, n, 10) for n in range(8)]
+    # B2F: replayed and student turns together are capped by max_turns, as the official code caps them.
+    assert all(p["mode"] == "b2f" and p["max_turns"] == 10 for p in plans)
     assert [p["depth"] for p in plans] == [1, 1, 2, 2, 3, 3, 4, 4]
 
     vanilla = _plan_args()
-    assert episode_plan(vanilla, 7) == {"mode": "full", "max_student_turns": 10, "step": 7}
+    assert episode_plan(vanilla, 7, 10) == {"mode": "full", "max_turns": 10, "step": 7}
     with pytest.raises(RuntimeError, match="no current rollout id"):  # TCOD outside RolloutManager
-        episode_plan(f2b, None)
+        episode_plan(f2b, None, 10)

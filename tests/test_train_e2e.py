@@ -10,7 +10,7 @@ import json
 import pytest
 
 import train
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.backends.sglang_utils.launcher import launch_engine
 from slime.utils.arguments import get_parser
 from slime.utils.metrics import read_metrics

@@ -8,8 +8,9 @@ README.md here.
 """
 
 import importlib
+import types
 
-from examples.multi_turn_tcod.envs.common import sample_metadata
+from examples.agent_envs.puzzle import sample_metadata
 
 ENV_MODULES = {
     "gridnav": "examples.multi_turn_tcod.envs.gridnav",
@@ -38,4 +39,7 @@ def build_env(sample=None, args=None):
         raise ValueError(
             f"the task metadata has no 'env' naming its environment (one of {sorted(ENV_MODULES)}); got {metadata}"
         )
-    return env_module(name).build_env(sample=sample, args=args)
+    # The environments read the task from sample.metadata; here it may also come from a JSON label or a data row.
+    view = types.SimpleNamespace(**(sample if isinstance(sample, dict) else vars(sample)))
+    view.metadata = metadata
+    return env_module(name).build_env(sample=view, args=args)

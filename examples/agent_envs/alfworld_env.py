@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from examples.agent_envs.common import require_data_dir
-from examples.multi_turn_tcod.envs.common import sample_metadata
+from examples.agent_envs.puzzle import sample_metadata
 from examples.agent_envs.textworld_env import TextWorldTextEnv
 
 HOW_TO_GET = ("Install ALFWorld and fetch its data: `pip install alfworld` then `alfworld-download` "

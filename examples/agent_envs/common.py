@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from examples.multi_turn_tcod.envs.common import THINK_CLOSE, THINK_OPEN
+from examples.agent_envs.puzzle import THINK_CLOSE, THINK_OPEN
 
 
 def require_data_dir(env_name: str, metadata: dict, env_var: str, how_to_get: str) -> Path:

@@ -11,7 +11,7 @@ disk not yet home must move, first park every smaller disk on the spare peg.
 
 from __future__ import annotations
 
-from examples.multi_turn_tcod.envs.common import PuzzleEnv, int_param, pick_params, sample_metadata, task_rng
+from examples.agent_envs.puzzle import PuzzleEnv, int_param, pick_params, sample_metadata, task_rng
 
 PEGS = "ABC"
 _MAX_LAYOUT_TRIES = 2000

@@ -1,4 +1,7 @@
-"""Pieces the environments share: reading the task from a sample, the action of a reply, the puzzle loop.
+"""Pieces this repository's environments share: the task of a sample, task seeds, the puzzle loop (hanoi).
+
+``int_param`` and ``reply_action`` are the example's gridnav's (examples/multi_turn_tcod/envs/gridnav.py), which
+needs no base class of its own; they are re-exported here for the adapters.
 
 Environments follow the contract of ``examples/geo3k_vlm_multi_turn``: ``build_env(sample,
 args)`` returns an object with ``reset() -> (observation, info)``, ``step(response_text) ->
@@ -12,6 +15,11 @@ from __future__ import annotations
 import json
 import random
 from typing import Any
+
+from examples.multi_turn_tcod.envs.gridnav import THINK_CLOSE, THINK_OPEN, int_param, reply_action
+
+__all__ = ["THINK_CLOSE", "THINK_OPEN", "PuzzleEnv", "int_param", "pick_params", "reply_action", "sample_metadata",
+           "task_rng"]
 
 
 def sample_metadata(sample) -> dict[str, Any]:
@@ -32,21 +40,6 @@ def sample_metadata(sample) -> dict[str, Any]:
     return metadata
 
 
-def int_param(metadata: dict, key: str, default: int | None, low: int, high: int | None = None) -> int:
-    """A bounded integer task parameter, with an error that names the field."""
-    value = metadata.get(key, default)
-    if value is None:
-        raise ValueError(f"task metadata needs {key!r} (got {metadata})")
-    try:
-        value = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"task metadata {key!r} must be an integer, got {value!r}") from None
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"task metadata {key!r} must be {bound}, got {value}")
-    return value
-
-
 def task_rng(env_name: str, *parts) -> random.Random:
     # A string seed goes through sha512 in random.Random, so the task does not depend on PYTHONHASHSEED
     # or on the process: the same metadata gives the same task everywhere.
@@ -56,20 +49,6 @@ def task_rng(env_name: str, *parts) -> random.Random:
 def pick_params(env_name: str, seed: int, params: dict, keys) -> dict:
     """Task metadata for the data generator: the env name, the seed and the parameters given."""
     return {"env": env_name, "seed": seed, **{k: params[k] for k in keys if params.get(k) is not None}}
-
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def reply_action(response_text: str) -> str | None:
-    """The action part of a reply: what follows ``</think>`` (Qwen3's thinking mode), else the whole reply.
-
-    None when the reply stops inside a think block (cut by the turn's token budget mid-thought).
-    """
-    text = response_text or ""
-    if THINK_CLOSE in text:
-        return text.rsplit(THINK_CLOSE, 1)[1]
-    return None if THINK_OPEN in text else text
 
 
 def normalize_action(action: str) -> str:

@@ -27,7 +27,7 @@ import logging
 import os
 
 from examples.agent_envs.common import ResourcePool, no_action_observation, user_message
-from examples.multi_turn_tcod.envs.common import int_param, reply_action, sample_metadata
+from examples.agent_envs.puzzle import int_param, reply_action, sample_metadata
 
 NO_MATCH = "No known action matches that input."
 HOW_TO_ACT = "a ScienceWorld command such as 'look around' or 'focus on OBJECT'"

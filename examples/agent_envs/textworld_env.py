@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 
 from examples.agent_envs.common import close_quietly, no_action_observation, user_message
-from examples.multi_turn_tcod.envs.common import int_param, pick_params, reply_action, sample_metadata
+from examples.agent_envs.puzzle import int_param, pick_params, reply_action, sample_metadata
 
 _generate_lock = threading.Lock()
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from examples.agent_envs.common import ResourcePool, no_action_observation, require_data_dir, user_message
-from examples.multi_turn_tcod.envs.common import int_param, reply_action, sample_metadata
+from examples.agent_envs.puzzle import int_param, reply_action, sample_metadata
 
 HOW_TO_GET = ("Set up WebShop locally: `git clone https://github.com/princeton-nlp/WebShop`, then run its "
               "`./setup.sh -d small` (or `-d all`), which downloads the product data and builds the search "

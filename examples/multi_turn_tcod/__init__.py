@@ -1,1 +1,1 @@
-"""Multi-turn on-policy distillation with TCOD's temporal curriculum: agent loop, gridnav environment, launch script."""
+"""Multi-turn on-policy distillation with TCOD's temporal curriculum: agent loop, gridnav env, launch script."""

@@ -5,8 +5,9 @@ keys of docs/en/advanced/multi-turn-tcod.md ("Metrics") to the step's rollout me
 the default logging still runs and emits them. The KL keys (``log p_student - log p_teacher``; the official
 TCOD code's ``kl/mean`` and ``kl/trajectory_*``) need a server teacher's scores.
 
-With ``--ci-test`` it asserts that every sample was planned at the step's depth (F2B: played no more
-turns) and, with a server teacher, that the teacher scored every trained trajectory.
+With ``--ci-test`` it asserts that every sample was planned at the step's depth and played no more turns
+than its plan allows (F2B: the depth; B2F: replayed and student turns within ``max_turns``) and, with a server
+teacher, that the teacher scored every trained trajectory.
 """
 
 from slime.rollout.tcod import curriculum_depth
@@ -76,11 +77,11 @@ def rollout_metrics(args, samples) -> dict:
 
 def _check_ci(args, rollout_id: int, samples, metrics: dict) -> None:
     if getattr(args, "use_tcod", False):
-        depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
+        depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max or args.max_turns)
         for s in samples:
-            plan = s.metadata.get("episode_plan", {})
+            plan, turns = s.metadata.get("episode_plan", {}), s.metadata["prefix_turns"] + s.metadata["num_turns"]
             assert plan.get("depth") == depth, f"rollout {rollout_id}: plan {plan}, expected depth {depth}"
-            assert plan["mode"] != "f2b" or s.metadata["num_turns"] <= depth, f"rollout {rollout_id}: too many turns"
+            assert turns <= plan["max_turns"], f"rollout {rollout_id}: {turns} turns, plan {plan}"
     if "tcod/teacher_scored" in metrics:
         assert metrics["tcod/teacher_scored"] == 1.0, f"rollout {rollout_id}: unscored trajectories"
 

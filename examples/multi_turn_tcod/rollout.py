@@ -24,7 +24,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import torch
 from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt, turn_stop_id
 
 from slime.rollout.sample_hooks import get_current_rollout_id
@@ -138,6 +137,12 @@ class Episode:
         self.open_turn = False
         return True
 
+    def headers(self) -> dict | None:
+        """Keep an episode's requests on one engine, and its prefix cache, as generate() does."""
+        if self.sample.session_id and getattr(self.args, "router_policy", None) == "consistent_hashing":
+            return {"X-SMG-Routing-Key": self.sample.session_id}
+        return None
+
     async def student_turn(self, turn: int):
         """One engine reply appended as trainable tokens; returns its text, or None when it was aborted."""
         params = dict(self.sampling_params)
@@ -149,10 +154,7 @@ class Episode:
         payload = {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True}
         if getattr(self.args, "use_rollout_routing_replay", False):
             payload["return_routed_experts"] = True
-        headers = None  # keep an episode's turns on one engine, and its prefix cache, as generate() does
-        if self.sample.session_id and getattr(self.args, "router_policy", None) == "consistent_hashing":
-            headers = {"X-SMG-Routing-Key": self.sample.session_id}
-        output = await post(self.url, payload, headers=headers)
+        output = await post(self.url, payload, headers=self.headers())
         meta_info = output["meta_info"]
         finish = meta_info["finish_reason"]
         if finish["type"] == "abort":
@@ -224,7 +226,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
         sample.metadata["prefix_turns"] = prefix_turns
         if end is not None:
             return end
-    turns = int(plan["max_student_turns"])
+    turns = int(plan["max_turns"]) - prefix_turns  # B2F: replayed and student turns share max_turns
     for turn in range(turns):
         if ep.state.aborted:
             return "aborted"
@@ -248,18 +250,19 @@ def prompt_ids(ep: Episode) -> list[int]:
     return encode_prompt(ep.tokenizer, ep.sample.prompt, ep.template_kwargs)
 
 
-def fill_routed_experts(args, sample: Sample) -> None:
-    """Placeholder experts 0..topk-1 for tokens the engine never routed (a removed episode's prompt): routing
-    replay converts removed samples too and rejects a missing or all-zero capture; loss mask 0 never trains them."""
-    rows = len(sample.tokens) - 1
-    routed = sample.rollout_routed_experts
-    routed = torch.as_tensor(routed if routed is not None else torch.empty(0, args.num_layers, args.moe_router_topk))
-    if routed.shape[0] >= rows or sample.status == Sample.Status.ABORTED:
+async def route_unrouted_tokens(ep: Episode) -> None:
+    """Routing replay needs a row for every token but the last. Tokens the engine never routed (a removed
+    episode's prompt or replayed prefix) get the engine's own routing from a prefill-only request, decoded by
+    ``Sample``; an engine that returns none fails the rollout rather than replay made-up experts."""
+    sample = ep.sample
+    routed = lambda: 0 if sample.rollout_routed_experts is None else len(sample.rollout_routed_experts)  # noqa: E731
+    if routed() >= len(sample.tokens) - 1 or sample.status == Sample.Status.ABORTED:
         return
-    if not sample.remove_sample:  # a trained episode replays only what the engine routed
-        raise ValueError(f"--use-rollout-routing-replay: the engine routed {routed.shape[0]} of {rows} tokens")
-    experts = torch.arange(args.moe_router_topk, dtype=torch.int32).expand(args.num_layers, -1)
-    sample.rollout_routed_experts = torch.cat([routed.to(torch.int32), experts.expand(rows - len(routed), -1, -1)])
+    payload = {"input_ids": sample.tokens, "sampling_params": {"max_new_tokens": 0}, "return_routed_experts": True}
+    output = await post(ep.url, payload, headers=ep.headers())
+    sample.append_response_tokens(ep.args, tokens=[], meta_info=output["meta_info"], update_terminal_info=False)
+    if routed() < len(sample.tokens) - 1:
+        raise RuntimeError(f"--use-rollout-routing-replay: the engine routed {routed()} of {len(sample.tokens)} tokens")
 
 
 STATUS = {
@@ -278,7 +281,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
         raise ValueError("max_turns must be set via --custom-config-path in the custom config file.")
     sample.metadata = sample.metadata or {}
     sample.session_id = sample.session_id or str(uuid.uuid4())  # evaluation keeps engine affinity too
-    plan = episode_plan(args, get_current_rollout_id(), evaluation)
+    plan = episode_plan(args, get_current_rollout_id(), args.max_turns, evaluation)
     sample.metadata["episode_plan"] = plan
     ep = Episode(args, sample, sampling_params, evaluation)
     try:
@@ -301,7 +304,7 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
         if sample.response_length == 0:  # trainers need a response span
             sample.append_response_tokens(args, tokens=[ep.stop_id], trainable=False)
     if getattr(args, "use_rollout_routing_replay", False):
-        fill_routed_experts(args, sample)
+        await route_unrouted_tokens(ep)
     sample.response = ep.tokenizer.decode(sample.tokens[len(sample.tokens) - sample.response_length :])
     sample.metadata.update(
         task_reward=ep.total_reward,

@@ -52,6 +52,8 @@ if [ "$NVLINK_COUNT" -gt 0 ]; then HAS_NVLINK=1; else HAS_NVLINK=0; fi
 
 source "${SLIME_DIR}/scripts/models/qwen3-8B.sh"
 
+# --ref-load gives the student's first weights while --load holds no checkpoint; without --use-kl-loss no
+# reference model is loaded (pure OPD: the teacher is the only other model).
 CKPT_ARGS=(
    --hf-checkpoint "${STUDENT}"
    --ref-load "${STUDENT_TORCH_DIST}"
@@ -118,9 +120,6 @@ GRPO_ARGS=(
    --use-opd
    --opd-type sglang
    --opd-kl-coef 1.0
-   --use-kl-loss
-   --kl-loss-coef 0.00
-   --kl-loss-type low_var_kl
    --entropy-coef 0.00
    --eps-clip 0.2
 )

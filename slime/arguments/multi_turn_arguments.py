@@ -121,9 +121,21 @@ def add_tcod_group(parser):
 def validate_multi_turn_tcod_args(args):
     """The YAML, the multi-turn flags, upstream's --tcod-* checks, then this runtime's prefix sources."""
     validate_multi_turn_args(args)
+    # slime.launch.checks defaults the generate function to the agent loop after validation (and says so); the
+    # check below, upstream's, refuses --use-tcod without one, so it sees that default here.
+    defaulted = args.use_tcod and args.custom_generate_function_path is None
+    args.custom_generate_function_path = EXAMPLE_GENERATE if defaulted else args.custom_generate_function_path
     try:
         validate_tcod_args(args)  # the same checks upstream runs (port.py splices them into slime_validate_args)
     except ValueError as err:
         _fail(str(err))
+    finally:
+        args.custom_generate_function_path = None if defaulted else args.custom_generate_function_path
+    if args.use_tcod:  # upstream leaves --tcod-k-max to the generate function's max_turns; here it is a flag
+        if not args.max_turns:
+            _fail("--use-tcod needs max_turns (--max-turns or the --custom-config-path YAML): a multi-turn rollout")
+        args.tcod_k_max = args.tcod_k_max or args.max_turns
+        if args.tcod_k_max > args.max_turns:
+            _fail(f"--tcod-k-max ({args.tcod_k_max}) must be <= max_turns ({args.max_turns})")
     validate_prefix_source(args)
     validate_turns_per_step(args)

@@ -5,10 +5,12 @@ Pure functions of the rollout id n, so a resumed run continues the schedule exac
 reproduce the official code (github.com/kokolerk/TCOD):
 
 * F2B plays turns 1..k(n) from reset, ``k(n) = min(k_start + n // eta, k_max)``;
-* B2F replays ``max(0, L_exp - k(n))`` expert turns, then the student plays to the end.
+* B2F replays ``max(0, L_exp - k(n))`` expert turns, then the student plays on; as the official
+  ``range(start_step, max_env_steps)``, replayed and student turns together are at most ``max_turns``.
 
-The agent loop (``examples/multi_turn_tcod/rollout.py``) asks :func:`episode_plan` for the current
-rollout id, which ``RolloutManager`` keeps in ``slime.rollout.sample_hooks``. The official prefix
+A generate function (``examples/multi_turn_tcod/rollout.py``) asks :func:`episode_plan` for the current
+rollout id, which ``RolloutManager`` keeps in ``slime.rollout.sample_hooks``; ``--use-tcod`` adds
+:func:`check_episode_planned` to ``--rollout-sample-hook-path``. The official prefix
 ``max(0, (L_exp - 1) - n // eta)`` is not capped by ``k_max``; ours is, through the depth, so an expert
 path longer than ``k_max`` keeps its last ``k_max`` turns in reach.
 """
@@ -29,13 +31,32 @@ def b2f_prefix_length(expert_len: int | None, depth: int) -> int:
     return max(0, expert_len - depth) if expert_len else 0
 
 
-def episode_plan(args, rollout_id: int | None, evaluation: bool = False) -> dict:
-    """How one episode of rollout ``rollout_id`` is played: ``mode`` full / f2b / b2f, ``depth``, the
-    student's turn limit and the ``step`` (evaluation and vanilla OPD play full episodes)."""
+def episode_plan(args, rollout_id: int | None, max_turns: int, evaluation: bool = False) -> dict:
+    """How one episode of rollout ``rollout_id`` is played by a generate function whose episodes take at most
+    ``max_turns`` turns: ``mode`` full / f2b / b2f, ``depth``, ``max_turns`` (the episode's environment steps,
+    replayed ones included) and the ``step`` (evaluation and vanilla OPD play full episodes)."""
     if evaluation or not getattr(args, "use_tcod", False):
-        return {"mode": "full", "max_student_turns": args.max_turns, "step": rollout_id}
+        return {"mode": "full", "max_turns": max_turns, "step": rollout_id}
     if rollout_id is None:
         raise RuntimeError("--use-tcod: no current rollout id (slime.rollout.sample_hooks.set_current_rollout_id)")
-    depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
-    turns = depth if args.tcod_mode == "f2b" else args.max_turns
-    return {"mode": args.tcod_mode, "depth": depth, "max_student_turns": turns, "step": rollout_id}
+    k_max = args.tcod_k_max or max_turns
+    if k_max > max_turns:
+        raise ValueError(f"--tcod-k-max ({k_max}) must be <= the episode's max_turns ({max_turns}).")
+    depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, k_max)
+    return {
+        "mode": args.tcod_mode,
+        "depth": depth,
+        "max_turns": depth if args.tcod_mode == "f2b" else max_turns,
+        "step": rollout_id,
+    }
+
+
+def check_episode_planned(args, sample, rollout_id=None, evaluation=False):
+    """``--rollout-sample-hook-path`` hook: under ``--use-tcod`` a training sample must carry its rollout's plan."""
+    plan = (sample.metadata or {}).get("episode_plan") or {}
+    if not evaluation and plan.get("step") != rollout_id:
+        raise RuntimeError(
+            f"--use-tcod: {args.custom_generate_function_path} did not play TCOD's curriculum for rollout "
+            f"{rollout_id} (no metadata['episode_plan'] from slime.rollout.tcod.episode_plan); use a generate "
+            "function that does, e.g. examples.multi_turn_tcod.rollout.generate."
+        )

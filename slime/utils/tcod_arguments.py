@@ -3,8 +3,8 @@
 ``tools/slime_pr/port.py`` splices both into slime's ``slime/utils/arguments.py``: ``add_tcod_arguments``
 is re-indented into ``get_slime_extra_args_provider`` beside slime's nested groups (registered after the
 on-policy-distillation group), and the body of ``validate_tcod_args`` is inlined into ``slime_validate_args``
-after the ``--custom-config-path`` YAML is applied (multi-turn examples set ``max_turns`` there). So both
-are written in slime's style; this runtime's parser calls the same two.
+after the ``--custom-config-path`` YAML is applied (it may set the flags). So both are written in slime's style;
+this runtime's parser calls the same two.
 """
 
 
@@ -21,7 +21,7 @@ def add_tcod_arguments(parser):
         help=(
             "Enable TCOD's temporal curriculum for multi-turn on-policy distillation, played by a generate "
             "function that reads it (examples/multi_turn_tcod). "
-            "Requires --use-opd, --tcod-eta and max_turns (set by the --custom-config-path YAML)."
+            "Requires --use-opd, --tcod-eta and such a --custom-generate-function-path."
         ),
     )
     parser.add_argument(
@@ -32,7 +32,7 @@ def add_tcod_arguments(parser):
         help=(
             "'f2b': the student plays turns 1..k(n) from reset. "
             "'b2f': max(0, L - k(n)) expert turns are replayed first (L: the task's expert actions), "
-            "then the student plays to the end. Default is f2b."
+            "then the student plays on; replayed and student turns together are at most max_turns. Default is f2b."
         ),
     )
     parser.add_argument(
@@ -51,7 +51,7 @@ def add_tcod_arguments(parser):
         "--tcod-k-max",
         type=int,
         default=None,
-        help="Largest TCOD curriculum depth. Default is max_turns.",
+        help="Largest TCOD curriculum depth. Default is the generate function's max_turns.",
     )
     return parser
 
@@ -62,22 +62,27 @@ def validate_tcod_args(args):
     if getattr(args, "use_tcod", False):
         if not args.use_opd:
             raise ValueError("--use-tcod requires --use-opd: TCOD is a curriculum for on-policy distillation.")
-        max_turns = getattr(args, "max_turns", None)
-        if not max_turns:
-            raise ValueError("--use-tcod requires max_turns (a multi-turn rollout); set it in --custom-config-path.")
+        if args.custom_generate_function_path is None:
+            raise ValueError(
+                "--use-tcod requires a multi-turn --custom-generate-function-path that plays the curriculum "
+                "(e.g. examples.multi_turn_tcod.rollout.generate); the default generate plays a single turn."
+            )
         if args.tcod_eta is None or args.tcod_eta < 1:
             raise ValueError("--tcod-eta must be specified and >= 1 when --use-tcod is enabled.")
         if args.tcod_mode is None:
             args.tcod_mode = "f2b"
         if args.tcod_k_start is None:
             args.tcod_k_start = 1
-        if args.tcod_k_max is None:
-            args.tcod_k_max = max_turns
-        if not 1 <= args.tcod_k_start <= args.tcod_k_max <= max_turns:
+        # --tcod-k-max unset: the generate function's turn limit (slime.rollout.tcod.episode_plan).
+        if args.tcod_k_start < 1 or (args.tcod_k_max is not None and args.tcod_k_max < args.tcod_k_start):
             raise ValueError(
-                f"TCOD requires 1 <= --tcod-k-start ({args.tcod_k_start}) <= --tcod-k-max ({args.tcod_k_max}) "
-                f"<= max_turns ({max_turns})."
+                f"TCOD requires 1 <= --tcod-k-start ({args.tcod_k_start}) <= --tcod-k-max ({args.tcod_k_max})."
             )
+        # A generate function that never asks for its episode plan would train without the curriculum: this
+        # hook fails the first rollout step then. A new list, so that the parser's default stays empty.
+        hook, hooks = "slime.rollout.tcod.check_episode_planned", getattr(args, "rollout_sample_hook_path", None) or []
+        if hook not in hooks:
+            args.rollout_sample_hook_path = [*hooks, hook]
     else:
         for name in ("tcod_mode", "tcod_k_start", "tcod_eta", "tcod_k_max"):
             if getattr(args, name, None) is not None:

@@ -23,7 +23,7 @@ SPLICED = (ARGUMENTS_SOURCE,)  # this repository's files the PR carries other th
 CORE_FILES = ("slime/rollout/tcod.py",)
 EXAMPLE_FILES = tuple(f"examples/multi_turn_tcod/{name}" for name in (
     "README.md", "__init__.py", "run-qwen3-8B-tcod.sh", "multi_turn_tcod_config.yaml", "rollout.py", "chat_layout.py",
-    "metrics.py", "envs/__init__.py", "envs/common.py", "envs/gridnav.py", "envs/make_data.py"))
+    "metrics.py", "envs/__init__.py", "envs/gridnav.py", "envs/make_data.py"))
 # Tests that need no GPU (NUM_GPUS = 0): upstream's `cpu-unittest` job runs each as `python tests/FILE` on
 # Python 3.10 without sglang or Megatron (cpu_ci.py runs them so).
 CPU_TEST_FILES = ("tests/test_tcod_arguments.py", "tests/test_tcod_rollout.py", "tests/test_tcod_e2e_cpu.py")
@@ -33,7 +33,7 @@ DOC_FILES = ("docs/en/advanced/multi-turn-tcod.md", "docs/zh/advanced/multi-turn
 COPIED_FILES = CORE_FILES + EXAMPLE_FILES + TEST_FILES + DOC_FILES
 SOURCES: dict[str, str] = {}  # every copied file lives at its upstream path here
 # verify_pr.py's caps (issue 30): added lines under slime/ and in all, the example's Python.
-CAPS = {"core": 150, "added": 2500, "example_py": 1000, "removed": 5}
+CAPS = {"core": 150, "added": 2500, "example_py": 823, "removed": 5}  # 823: geo3k_vlm_multi_turn's Python
 UNCOUNTED: tuple[str, ...] = ()  # every added line counts towards CAPS["added"]
 EXAMPLE_DIR = "examples/multi_turn_tcod/"
 

@@ -11,8 +11,8 @@ B2F prefix (``max(0, L_exp - k(n))`` expert turns, untrained); one teacher call 
 ``teacher_log_probs`` equal to the teacher's own scores; ``loss_mask`` covering exactly the student turns, removed
 samples untrained, every reward 0 (pure OPD); the rollout-log hook's depth and per-turn KL. With ``--opd-type
 megatron``: reward 0.0, the environment's return in ``metadata["task_reward"]``, no teacher call. Upstream's
-``slime_validate_args`` passes the default rollout function, defaults ``tcod_k_max`` to ``max_turns`` and refuses
-each broken rule naming its flag. One line per check; exit 1 on a failure.
+``slime_validate_args`` passes the default rollout function, leaves ``tcod_k_max`` to the agent loop's ``max_turns``,
+adds the curriculum's sample hook and refuses each broken rule naming its flag. One line per check; exit 1 on a failure.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: d
     from slime.rollout.tcod import curriculum_depth
     from slime.utils.misc import load_function
 
-    depth = curriculum_depth(step, args.tcod_k_start, args.tcod_eta, args.tcod_k_max)
+    depth = curriculum_depth(step, args.tcod_k_start, args.tcod_eta, args.tcod_k_max or args.max_turns)
     tag = f"{mode} step {step} (k={depth})"
     plans_ok = all((s.metadata.get("episode_plan") or {}).get("depth") == depth for s in samples)
     check(plans_ok, f"{tag}: every sample carries the step's plan")
@@ -178,6 +178,8 @@ def check_step(args, mode: str, step: int, samples, teacher_model, expert_len: d
         want = {s.index: max(0, expert_len[s.label] - depth) for s in playable}
         got = {s.index: s.metadata["prefix_turns"] for s in playable}
         check(got == want, f"{tag}: b2f replays max(0, L_exp - k) expert turns {sorted(set(want.values()))}")
+        check(all(s.metadata["prefix_turns"] + s.metadata["num_turns"] <= args.max_turns for s in samples),
+              f"{tag}: b2f's replayed and student turns together stay within max_turns ({args.max_turns})")
     # Upstream's OPD hook scores every sample the generate function left unrewarded, removed ones too.
     check(calls == len(samples), f"{tag}: {calls} teacher calls for {len(samples)} trajectories (one each)")
     # A B2F replay that fills the response budget (--rollout-max-response-len 160 here) ends the episode
@@ -230,7 +232,7 @@ def main(argv=None) -> int:
     runtime("-c", make, str(work / "student"), "3")
     runtime("-c", make, str(work / "teacher"), "11")
     data = work / "tasks.jsonl"
-    subprocess.run([sys.executable, "-m", "examples.multi_turn_tcod.envs.make_data", "--env", "gridnav", "--n", "6",
+    subprocess.run([sys.executable, "-m", "examples.multi_turn_tcod.envs.make_data", "--n", "6",
                     "--seed", "0", "--size", "5", "--min-len", "3", "--max-len", "5", "--shaping", "0.25",
                     "--out", str(data)],
                    cwd=slime_dir, check=True, env={**os.environ, "PYTHONPATH": str(slime_dir)})
@@ -301,14 +303,19 @@ def run_checks(slime_dir: Path, work: Path, data: Path, student_port: int, teach
     if error is not None:
         print(f"      upstream validation said: {error}")
     check(error is None and args.rollout_function_path == "slime.rollout.sglang_rollout.generate_rollout"
-          and (args.tcod_mode, args.tcod_k_start, args.tcod_k_max) == ("f2b", 1, 6),
+          and (args.tcod_mode, args.tcod_k_start, args.tcod_k_max) == ("f2b", 1, None)
+          and args.rollout_sample_hook_path == ["slime.rollout.tcod.check_episode_planned"],
           "upstream's slime_validate_args passes TCOD with the default rollout function; defaults f2b, "
-          "k_start 1, k_max = the YAML's max_turns")
+          "k_start 1, k_max left to the generate function's max_turns; adds the curriculum's sample hook")
+    generate_at = base.index("--custom-generate-function-path")
+    no_generate = base[:generate_at] + base[generate_at + 2 :]
     refused = [
         (base + server_opd + ["--use-tcod"] + yaml_config("multi_turn"), "--tcod-eta", "no --tcod-eta"),
-        (base + server_opd + tcod, "max_turns", "no max_turns (no YAML)"),
+        (no_generate + server_opd + tcod + yaml_config("multi_turn"), "--custom-generate-function-path",
+         "no generate function that plays the curriculum"),
         (base + tcod + yaml_config("multi_turn"), "--use-opd", "no --use-opd"),
-        (base + server_opd + tcod + yaml_config("too_deep", "tcod_k_max: 7\n"), "--tcod-k-max", "k_max > max_turns"),
+        (base + server_opd + tcod + yaml_config("too_shallow", "tcod_k_start: 3\ntcod_k_max: 2\n"), "--tcod-k-max",
+         "k_start > k_max"),
         (base + server_opd + ["--tcod-eta", "2"] + yaml_config("multi_turn"), "--use-tcod", "--tcod-eta alone"),
     ]
     for argv, flag, what in refused:

@@ -2,44 +2,79 @@
 
 Task metadata: ``{"env": "gridnav", "seed": int, "size": int (2..20), "walls": float in [0, 0.5)
 (fraction of wall cells, default 0.2), "min_dist"/"max_dist": optional bounds on the optimal path
-length, "max_steps": optional (default 2 * optimal + 4), "shaping": optional per-step shaping}``.
+length, "max_steps": optional (default 2 * optimal + 4), "shaping": optional reward per step closer to
+the goal (default 0: 1.0 on the step that reaches it, else 0)}``.
 
 Coordinates are ``x,y`` with x growing right and y growing down, so ``up`` decreases y. Observations
-are short to keep long episodes within the context: the first one shows the task, the
-map (when there are walls) and ``at X,Y goal X,Y``; later ones show the position, the goal and the
-blocked neighbours, e.g. ``at 2,3 goal 4,4 wall:up,left``. The expert is a BFS shortest path that
-prefers horizontal moves, so without walls it walks along x first, then y.
+are short to keep long episodes within the context: the first one shows the task, the map (when there
+are walls) and ``at X,Y goal X,Y``; later ones show the position, the goal and the blocked neighbours,
+e.g. ``at 2,3 goal 4,4 wall:up,left``. The expert is a BFS shortest path that prefers horizontal moves,
+so without walls it walks along x first, then y. Every step, invalid ones included, counts towards
+``max_steps``, so an episode always ends.
 """
 
 from __future__ import annotations
 
+import random
 from collections import deque
 
-from .common import PuzzleEnv, int_param, pick_params, sample_metadata, task_rng
-
 MOVES = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # order = expert tie-break
+ACTIONS = "up down left right"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 blocking = False  # build_env is cheap: the agent loop calls it on the event loop
 _MAX_LAYOUT_TRIES = 2000
 
 
-class GridNavEnv(PuzzleEnv):
-    name = "gridnav"
-    valid_actions_hint = "up down left right"
+def int_param(metadata: dict, key: str, default: int | None, low: int, high: int | None = None) -> int:
+    """A bounded integer task parameter, with an error that names the field."""
+    value = metadata.get(key, default)
+    if value is None:
+        raise ValueError(f"task metadata needs {key!r} (got {metadata})")
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"task metadata {key!r} must be an integer, got {value!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"task metadata {key!r} must be {bound}, got {value}")
+    return value
 
-    def _initial_state(self):
-        md = self.metadata
+
+def reply_action(response_text: str) -> str | None:
+    """The action part of a reply: what follows ``</think>`` (Qwen3's thinking mode), else the whole reply.
+
+    None when the reply stops inside a think block (cut by the turn's token budget mid-thought).
+    """
+    text = response_text or ""
+    if THINK_CLOSE in text:
+        return text.rsplit(THINK_CLOSE, 1)[1]
+    return None if THINK_OPEN in text else text
+
+
+class GridNavEnv:
+    blocking = False  # pure Python and fast: the agent loop calls it on the event loop, not in a thread
+
+    def __init__(self, metadata: dict):
+        md = dict(metadata)
         self.size = int_param(md, "size", 5, 2, 20)
         self.seed = int_param(md, "seed", None, 0)
         self.wall_frac = float(md.get("walls", 0.2))
         if not 0.0 <= self.wall_frac < 0.5:
             raise ValueError(f"gridnav 'walls' must be in [0, 0.5), got {self.wall_frac}")
+        self.shaping = float(md.get("shaping", 0.0))
+        self.start = self._layout(md)
+        self.expert = self._solve(self.start)
+        self.max_steps = int_param(md, "max_steps", 2 * len(self.expert) + 4, 1)
+        self.state, self.steps, self.done = None, 0, True
+
+    def _layout(self, md: dict):
         min_dist = int_param(md, "min_dist", 1, 1)
         max_dist = int_param(md, "max_dist", max(self.size * self.size, min_dist), min_dist)
-        rng = task_rng(self.name, self.seed, self.size, self.wall_frac, min_dist, max_dist)
+        # A string seed goes through sha512 in random.Random: the same metadata gives the same task in every
+        # process. Rejection sampling gives up with a clear error when the bounds cannot be met.
+        rng = random.Random(":".join(map(str, ["gridnav", self.seed, self.size, self.wall_frac, min_dist, max_dist])))
         cells = [(x, y) for y in range(self.size) for x in range(self.size)]
         n_walls = int(round(self.wall_frac * len(cells)))
-        # Rejection sampling with one rng stream: deterministic, and it gives up with a clear error
-        # when the bounds cannot be met (e.g. min_dist larger than any path in the grid).
         for _ in range(_MAX_LAYOUT_TRIES):
             picked = rng.sample(cells, n_walls + 2)
             self.walls = frozenset(picked[2:])
@@ -71,52 +106,80 @@ class GridNavEnv(PuzzleEnv):
                 out[name] = nxt
         return out
 
-    # --------------------------------------------------------------- puzzle hooks
-    def _parse(self, action):
-        return action if action in MOVES else None
-
-    def _apply(self, state, move):
-        nxt = self._neighbours(state).get(move)
-        return nxt if nxt is not None else f"Blocked {move}"
-
-    def _distance(self, state):
-        return self.dist[state]
-
-    def _solve(self, state):
+    def _solve(self, cell):
         plan = []
-        while self.dist[state] > 0:
+        while self.dist[cell] > 0:
             # First neighbour (in MOVES order) one step closer to the goal: a shortest path.
-            move, state = next(
-                (m, c) for m, c in self._neighbours(state).items() if self.dist.get(c, -1) == self.dist[state] - 1
+            move, cell = next(
+                (m, c) for m, c in self._neighbours(cell).items() if self.dist.get(c) == self.dist[cell] - 1
             )
             plan.append(move)
         return plan
 
-    def _observe(self, state):
-        text = f"at {state[0]},{state[1]} goal {self.goal[0]},{self.goal[1]}"
-        blocked = [m for m in MOVES if m not in self._neighbours(state)]
+    def _observe(self, cell):
+        text = f"at {cell[0]},{cell[1]} goal {self.goal[0]},{self.goal[1]}"
+        blocked = [m for m in MOVES if m not in self._neighbours(cell)]
         return f"{text} wall:{','.join(blocked)}" if blocked else text
 
-    def _describe(self, state):
-        lines = [f"Grid {self.size}x{self.size}. Reach the goal. Actions: up down left right."]
+    def reset(self):
+        self.state, self.steps, self.done = self.start, 0, False
+        lines = [f"Grid {self.size}x{self.size}. Reach the goal. Actions: {ACTIONS}."]
         if self.walls:
             lines.append("Map (# wall, S start, G goal):")
             for y in range(self.size):
-                row = "".join(
-                    "#" if (x, y) in self.walls else "S" if (x, y) == state else "G" if (x, y) == self.goal else "."
-                    for x in range(self.size)
-                )
-                lines.append(row)
-        lines.append(self._observe(state))
-        return "\n".join(lines)
+                marks = {**dict.fromkeys(self.walls, "#"), self.start: "S", self.goal: "G"}
+                lines.append("".join(marks.get((x, y), ".") for x in range(self.size)))
+        return "\n".join([*lines, self._observe(self.start)]), {}
+
+    def step(self, response_text: str):
+        if self.done:
+            raise RuntimeError("gridnav: step() called before reset() or after the episode ended")
+        self.steps += 1
+        info = {"invalid_action": False, "success": False, "steps": self.steps, "reward": 0.0}
+        action = reply_action(response_text)
+        words = (action or "").strip().splitlines()
+        move = " ".join(words[0].lower().split()) if words else ""  # models add spaces, newlines, capitals
+        if action is None:
+            info["invalid_action"] = True
+            observation = (
+                f"No action: the reply ended inside {THINK_OPEN}. Think briefly, close with {THINK_CLOSE}, "
+                f"then give one action: {ACTIONS}"
+            )
+        elif move not in MOVES:
+            info["invalid_action"] = True
+            observation = f"Invalid action '{action.strip()[:40]}'. Valid actions: {ACTIONS}"
+        elif move not in self._neighbours(self.state):  # a wall or the grid's edge
+            info["invalid_action"] = True
+            observation = f"Blocked {move}. {self._observe(self.state)}"
+        else:
+            before, self.state = self.dist[self.state], self._neighbours(self.state)[move]
+            info["reward"] += self.shaping * (before - self.dist[self.state])
+            observation = self._observe(self.state)
+        if self.dist[self.state] == 0:
+            info["success"], info["reward"], self.done = True, info["reward"] + 1.0, True
+            observation = f"{observation} solved"
+        elif self.steps >= self.max_steps:
+            info["out_of_steps"], self.done = True, True
+            observation = f"{observation} out of steps"
+        return observation, self.done, info
+
+    def format_observation(self, observation: str) -> dict:
+        return {"role": "user", "content": observation}
+
+    def close(self) -> None:
+        self.state, self.done = None, True
+
+    def expert_actions(self) -> list[str]:
+        """The optimal action sequence from the reset state (TCOD's B2F prefix)."""
+        return list(self.expert)
 
 
-def build_env(sample=None, args=None):
+def build_env(sample, args):
     """``build_env(sample, args)`` for ``rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav``."""
-    del args
-    return GridNavEnv(sample_metadata(sample))
+    return GridNavEnv(sample.metadata or {})
 
 
 def task_metadata(seed: int, params: dict) -> dict:
-    """The metadata of task number ``seed`` for the data generator (params from its command line)."""
-    return pick_params("gridnav", seed, params, ("size", "walls", "min_dist", "max_dist", "max_steps", "shaping"))
+    """The metadata of task number ``seed`` for ``make_data`` (the parameters its command line gives)."""
+    keys = ("size", "walls", "min_dist", "max_dist", "max_steps", "shaping")
+    return {"env": "gridnav", "seed": seed, **{k: params[k] for k in keys if params.get(k) is not None}}

@@ -1,124 +1,70 @@
-"""Write a jsonl file of environment tasks with their expert actions.
+"""Write a jsonl file of gridnav tasks with their expert actions.
 
-    python -m examples.multi_turn_tcod.envs.make_data --env gridnav --n 200 --seed 0 --out train.jsonl \\
+    python -m examples.multi_turn_tcod.envs.make_data --n 200 --seed 0 --out train.jsonl \\
         [--min-len 4 --max-len 12] [--size 8 --walls 0.2]
 
 Seeds are tried from ``--seed`` upwards; a task whose expert length falls outside ``[--min-len, --max-len]``
 or that an ``--exclude`` file holds (same label or first observation: two seeds can deal one puzzle; make the
-eval file with ``--exclude`` the training file) is skipped, so the file holds exactly ``--n`` rows; the last
-line printed names the seed range used. Each row::
+eval file with ``--exclude`` the training file) is skipped, so the file holds exactly ``--n`` rows. Each row::
 
-    {"input": first observation, "label": JSON task id, "metadata": {"env": ..., "seed": ..., params,
+    {"input": first observation, "label": JSON task id, "metadata": {"env": "gridnav", "seed": ..., params,
      "expert_actions": [...]}}
 
-The metadata alone rebuilds the task (``build_env(sample, args)``); ``expert_actions`` is what TCOD's
-B2F prefix replays.
+The metadata alone rebuilds the task (``build_env(sample, args)``); ``expert_actions`` is what B2F replays.
 """
 
-from __future__ import annotations
-
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
 
-ENV_MODULES = {"gridnav": "examples.multi_turn_tcod.envs.gridnav"}
-# Command-line options forwarded to task_metadata(seed, params) of the chosen environment, with their help.
-PARAM_OPTIONS = {
-    "size": (int, "grid side length (gridnav, default 5)"),
-    "walls": (float, "fraction of wall cells in [0, 0.5) (gridnav, default 0.2)"),
-    "min_dist": (int, "shortest optimal path of a layout (gridnav)"),
-    "max_dist": (int, "longest optimal path of a layout (gridnav)"),
-    "max_steps": (int, "step limit of an episode (default 2 * optimal + 4)"),
-    "shaping": (float, "reward per step closer to the goal (default 0: sparse)"),
-}
+from examples.multi_turn_tcod.envs.gridnav import GridNavEnv, task_metadata
+
+PARAMS = {"size": int, "walls": float, "min_dist": int, "max_dist": int, "max_steps": int, "shaping": float}
 
 
-def task_rows(
-    env: str,
-    n: int,
-    seed: int,
-    params: dict,
-    min_len: int = 1,
-    max_len=None,
-    max_tries=None,
-    modules: dict = ENV_MODULES,
-    stats: dict | None = None,
-    exclude=frozenset(),
-):
-    """Yield ``n`` data rows of ``env`` tasks whose expert length lies in ``[min_len, max_len]``.
-
-    ``stats["last_seed"]`` is the last seed tried once the rows are out.
-    """
-    module = importlib.import_module(modules[env])
-    max_tries = max_tries or 50 * n + 100
-    made, tried = 0, 0
-    while made < n:
-        if tried >= max_tries:
-            raise ValueError(
-                f"{env}: only {made} of {n} tasks with expert length in [{min_len}, {max_len}] "
-                f"after {tried} seeds; widen --min-len/--max-len or change the task size"
-            )
-        metadata = module.task_metadata(seed + tried, params)
-        tried += 1
-        environment = module.build_env(sample={"metadata": metadata}, args=None)
-        try:
-            first_observation, _ = environment.reset()
-            actions = environment.expert_actions()
-        finally:
-            environment.close()
-        if stats is not None:
-            stats["last_seed"] = seed + tried - 1
-        if actions is None or not (min_len <= len(actions) <= (max_len or len(actions))):
-            continue
+def task_rows(n: int, seed: int, params: dict, min_len: int = 1, max_len=None, exclude=frozenset()):
+    """Yield ``n`` data rows of gridnav tasks whose expert length lies in ``[min_len, max_len]``."""
+    made = 0
+    for tried in range(50 * n + 100):
+        metadata = task_metadata(seed + tried, params)
+        env = GridNavEnv(metadata)
+        first_observation, _ = env.reset()
         label = json.dumps(metadata, sort_keys=True)
-        if {label, json.dumps(first_observation)} & exclude:  # a task of another split
-            continue
-        # The actions live in metadata: slime's Dataset keeps only the metadata column.
-        yield {"input": first_observation, "label": label, "metadata": {**metadata, "expert_actions": actions}}
-        made += 1
+        fits = min_len <= len(env.expert) <= (max_len or len(env.expert))
+        if fits and not {label, json.dumps(first_observation)} & exclude:
+            # The actions live in metadata: slime's Dataset keeps only the metadata column.
+            yield {"input": first_observation, "label": label, "metadata": {**metadata, "expert_actions": env.expert}}
+            made += 1
+            if made == n:
+                return
+    raise ValueError(f"gridnav: only {made} of {n} tasks with expert length in [{min_len}, {max_len}]; widen them")
 
 
-def main(argv=None, modules: dict = ENV_MODULES, options: dict = PARAM_OPTIONS) -> int:
-    parser = argparse.ArgumentParser(description="Write environment tasks with expert actions as jsonl.")
-    parser.add_argument("--env", required=True, choices=sorted(modules), help="the environment of the tasks")
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write gridnav tasks with expert actions as jsonl.")
     parser.add_argument("--n", type=int, required=True, help="number of tasks to write")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first task tried")
     parser.add_argument("--out", required=True, help="the jsonl file to write")
-    parser.add_argument(
-        "--exclude", action="append", default=[], metavar="FILE", help="a jsonl file of tasks to leave out"
-    )
+    parser.add_argument("--exclude", action="append", default=[], metavar="FILE", help="a jsonl file of tasks to skip")
     parser.add_argument("--min-len", type=int, default=1, help="shortest expert path kept")
     parser.add_argument("--max-len", type=int, default=None, help="longest expert path kept")
-    for name, (kind, text) in options.items():
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
+    for name, kind in PARAMS.items():  # the task metadata keys of envs/gridnav.py
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
     args = parser.parse_args(argv)
-    if args.n < 1:
-        parser.error("--n must be >= 1")
-    params = {name: getattr(args, name) for name in options}
+    if args.min_len < 1 or (args.max_len is not None and args.max_len < args.min_len):
+        parser.error(f"--min-len {args.min_len} and --max-len {args.max_len} keep no task (1 <= min <= max)")
+    excluded = [json.loads(line) for path in args.exclude for line in open(path) if line.strip()]
+    exclude = {row["label"] for row in excluded} | {json.dumps(row["input"]) for row in excluded}
     try:
-        excluded = [json.loads(line) for path in args.exclude for line in open(path) if line.strip()]
-        exclude = {row["label"] for row in excluded} | {json.dumps(row["input"]) for row in excluded}
-    except (OSError, ValueError, KeyError) as err:
-        parser.error(f"--exclude: not a make_data file ({type(err).__name__}: {err})")
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    lengths, stats = [], {}
-    with open(tmp, "w") as handle:
-        kwargs = dict(modules=modules, stats=stats, exclude=exclude)
-        rows = task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, **kwargs)
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-            lengths.append(len(row["metadata"]["expert_actions"]))
-    tmp.replace(out)  # write then rename: an interrupted run leaves no half file
-    print(
-        f"wrote {len(lengths)} {args.env} tasks to {out}: expert length min {min(lengths)} "
-        f"mean {sum(lengths) / len(lengths):.1f} max {max(lengths)}; seeds {args.seed}..{stats['last_seed']} used",
-        file=sys.stderr,
-    )
+        rows = list(
+            task_rows(args.n, args.seed, {k: getattr(args, k) for k in PARAMS}, args.min_len, args.max_len, exclude)
+        )
+    except ValueError as err:  # too few tasks of those lengths for this grid
+        parser.error(str(err))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"wrote {len(rows)} gridnav tasks to {args.out}", file=sys.stderr)
     return 0
 
 
