@@ -65,16 +65,16 @@ def _due(step: int, interval: int | None, last: int) -> bool:
 
 
 def _update_kl_controller(args, kl_ctrl, train_stats: dict, n_samples: int) -> dict:
-    """Feed the batch's policy-vs-reference KL, in the ``--kl-ctrl-unit`` unit, to the controller."""
+    """Feed the batch's policy-vs-reference KL, in the ``--kl-ctrl-unit`` unit, to the adaptive controller
+    (``kl_ctrl`` None: ``--kl-ctrl fixed``, nothing to feed)."""
+    if kl_ctrl is None:
+        return {"kl_ctrl/coef": args.kl_coef}
     unit_key = "kl/observed_seq_sum" if args.kl_ctrl_unit == "sequence" else "kl/observed_sample_mean"
     observed = train_stats.get(unit_key)
     if observed is None:
-        # No reference model was scored (fixed coefficient 0): there is no KL to report. Defaulting to 0
-        # would drive an adaptive coefficient down every step without saying why.
-        if kl_ctrl.kind == "adaptive":
-            raise RuntimeError(f"the trainer returned no {unit_key!r}; the adaptive KL controller needs the "
-                               "reference model's log-probs")
-        return {"kl_ctrl/coef": kl_ctrl.value}
+        # Defaulting to 0 would drive the coefficient down every step without saying why.
+        raise RuntimeError(f"the trainer returned no {unit_key!r}; the adaptive KL controller needs the "
+                           "reference model's log-probs")
     return kl_ctrl.update(observed, n_steps=max(1, n_samples))
 
 
@@ -194,7 +194,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     from slime.utils.step_metrics import rollout_metrics
 
     progress = progress or RunProgress(args.num_rollout)
-    kl_ctrl = build_kl_controller(args, clip=args.kl_ctrl_clip, coef_min=args.kl_coef_min, coef_max=args.kl_coef_max)
+    kl_ctrl = build_kl_controller(args) if args.kl_ctrl == "adaptive" else None
     rollout_manager = trainer = bar = None
     empty_steps = EmptySteps(args, trainable)
     start = 0
@@ -236,7 +236,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
             t_rollout = time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            coef_used = kl_ctrl.value
+            coef_used = args.kl_coef if kl_ctrl is None else kl_ctrl.value
             eval_due = _due(rollout_id, args.eval_interval, last) and bool(rollout_manager.eval_sets)
             train_stats, kl_stats, t_sync = {}, {}, 0.0
             if samples:

@@ -1,7 +1,7 @@
 import pytest
 
 from slime.utils.arguments import ArgumentError, get_parser, parse_args, validate_args
-from slime.utils.kl_controller import FixedKLController, build_kl_controller
+from slime.utils.kl_controller import build_kl_controller
 
 SERVER_OPD = ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:1/generate"]
 ENV = ["--rollout-interaction-env-path", "examples.agent_envs"]
@@ -67,18 +67,21 @@ RULES = [
     (["--kl-coef", "-1"], "--kl-coef"),
     (["--kl-loss-coef", "-1"], "--kl-loss-coef"),
     (["--kl-coef", "0.1", "--kl-loss-coef", "0.1"], "--kl-loss-coef"),
+    # The slime PR's refusals (its slime_validate_args), before Ray.
     (["--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"], "--advantage-estimator"),
     (["--advantage-estimator", "gspo", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef", "0.05"],
      "--advantage-estimator"),
+    (["--advantage-estimator", "reinforce_plus_plus", "--kl-ctrl", "adaptive", "--kl-target", "0.1", "--kl-coef",
+      "0.05"], "--advantage-estimator"),
     (ADAPTIVE[:4] + ["--kl-coef", "0.05"], "--kl-target"),
     (ADAPTIVE[:5] + ["0", "--kl-coef", "0.05"], "--kl-target"),
     (ADAPTIVE + ["--kl-horizon", "0"], "--kl-horizon"),
     (ADAPTIVE[:-1] + ["0"], "--kl-coef"),
-    (ADAPTIVE + ["--kl-ctrl-clip", "0"], "--kl-ctrl-clip"),
-    (ADAPTIVE + ["--kl-ctrl-clip", "1.5"], "--kl-ctrl-clip"),
-    (ADAPTIVE + ["--kl-coef-min", "0"], "--kl-coef-min"),
-    (ADAPTIVE + ["--kl-coef-min", "2", "--kl-coef-max", "1"], "--kl-coef-max"),
-    (ADAPTIVE + ["--kl-coef-min", "0.1"], "--kl-coef"),
+    (ADAPTIVE + ["--kl-target", "nan"], "--kl-target"),
+    (ADAPTIVE + ["--kl-horizon", "inf"], "--kl-horizon"),
+    (ADAPTIVE + ["--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--kl-horizon", "31"], "--kl-horizon"),
+    (["--kl-target", "0.1"], "--kl-target"),
+    (["--kl-horizon", "500"], "--kl-horizon"),
     # non-finite floats (nan <= 0 is False, so range checks alone would pass them)
     (["--rollout-temperature", "nan"], "--rollout-temperature"),
     (["--lr", "inf"], "--lr"),
@@ -158,8 +161,7 @@ def test_defaults_mean_no_opd_no_tcod_fixed_kl():
     args = validated([])
     assert not args.use_opd and not args.use_tcod and args.opd_type is None
     assert args.kl_ctrl == "fixed" and args.kl_coef == 0.0
-    ctrl = build_kl_controller(args)
-    assert isinstance(ctrl, FixedKLController) and ctrl.value == 0.0
+    assert args.kl_target is None and args.kl_horizon is None  # read only by --kl-ctrl adaptive
 
 
 def test_derived_defaults_are_filled():
@@ -198,7 +200,7 @@ def test_tcod_fills_k_max_and_b2f_prefix_source():
 def test_valid_adaptive_controller():
     args = validated(ADAPTIVE)
     ctrl = build_kl_controller(args)
-    assert ctrl.kind == "adaptive" and ctrl.value == pytest.approx(0.05) and ctrl.target == pytest.approx(0.1)
+    assert (ctrl.value, ctrl.target, ctrl.horizon) == (0.05, 0.1, 10000.0)
 
 
 def test_parse_args_exits_through_parser_error(capsys):

@@ -15,7 +15,6 @@ from slime.checkpoint.driver import load_checkpoint, save_checkpoint
 from slime.checkpoint.files import (MANIFEST, CheckpointError, read_json, read_safetensors, verify_manifest,
                                     write_manifest)
 from slime.checkpoint.layout import LATEST, find_checkpoint, iteration_dir
-from slime.utils.kl_controller import FixedKLController
 
 
 class StubTrainer:
@@ -48,7 +47,7 @@ class StubData:
 def save_iterations(root, ids):
     for i in ids:
         save_checkpoint(root, i, trainer=StubTrainer(float(i)), data_source=StubData(),
-                        kl_controller=FixedKLController(0.0))
+                        kl_controller=None)
 
 
 def flip_a_byte(path):
@@ -108,7 +107,7 @@ def test_load_falls_back_to_the_newest_intact_iteration_with_a_warning(tmp_path,
     assert "iter_0000002" in caplog.text and "model.safetensors" in caplog.text
     assert "falling back to iter_0000001" in caplog.text
     trainer = StubTrainer()
-    state = load_checkpoint(tmp_path, trainer=trainer, data_source=StubData(), kl_controller=FixedKLController(0.0))
+    state = load_checkpoint(tmp_path, trainer=trainer, data_source=StubData(), kl_controller=None)
     assert state["rollout_id"] == 1 and trainer.loaded == 1.0
 
 

@@ -76,7 +76,7 @@ OUTSIDE = {
     # ray start / ray job submit.
     "ray": {"--head", "--num-gpus", "--disable-usage-stats", "--address", "--runtime-env-json"},
     # Megatron-LM's own flags that docs/en/megatron_backend.md names but this runtime does not take.
-    "megatron": {"--ckpt-step"},
+    "megatron": {"--ckpt-step", "--finetune"},
     # Upstream slime's train.py flags that the PR's docs name and this runtime does not have.
     "upstream slime": {"--ci-test", "--partial-rollout", "--router-policy", "--use-rollout-routing-replay",
                        "--custom-advantage-function-path", "--disable-compute-advantages-and-returns",

@@ -1,6 +1,7 @@
 """--kl-ctrl adaptive on CPU: the controller's rule and state, the flags' validation, and the kl_coef hand-in of
 compute_advantages_and_returns (bit-identical results when nothing new is asked)."""
 
+import logging
 import math
 import random
 import sys
@@ -13,7 +14,6 @@ from test_megatron_argument_validation import load_slime_arguments_module, make_
 
 from slime.utils.kl_controller import (
     AdaptiveKLController,
-    FixedKLController,
     build_kl_controller,
     restore_kl_controller,
     save_kl_controller,
@@ -46,7 +46,6 @@ def test_adaptive_follows_the_rule_against_a_reference():
         assert metrics["kl_ctrl/observed_kl"] == observed and metrics["kl_ctrl/target_kl"] == 0.1
         assert abs(metrics["kl_ctrl/error"]) <= 0.2
         assert metrics["kl_ctrl/clipped"] == float(abs(observed / 0.1 - 1) > 0.2)
-    assert ctrl.n_updates == 200
 
 
 def test_direction_and_bound_of_one_step():
@@ -87,26 +86,16 @@ def test_constructor_refuses_non_positive_settings(kwargs):
         AdaptiveKLController(**settings)
 
 
-def test_fixed_never_moves():
-    ctrl = FixedKLController(0.02)
-    for observed in (0.0, 5.0, 100.0):
-        ctrl.update(observed, 1000)
-    assert ctrl.value == 0.02
-
-
 def test_build_from_args():
-    adaptive = build_kl_controller(Namespace(kl_ctrl="adaptive", kl_coef=0.01, kl_target=0.2, kl_horizon=500))
-    assert isinstance(adaptive, AdaptiveKLController)
-    assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.01, 0.2, 500)
-    fixed = build_kl_controller(Namespace(kl_ctrl="fixed", kl_coef=0.01, kl_target=None, kl_horizon=10000))
-    assert isinstance(fixed, FixedKLController) and fixed.value == 0.01
+    ctrl = build_kl_controller(Namespace(kl_ctrl="adaptive", kl_coef=0.01, kl_target=0.2, kl_horizon=500))
+    assert (ctrl.value, ctrl.target, ctrl.horizon) == (0.01, 0.2, 500)
 
 
 def _load(path, finetune=False):
     return Namespace(load=None if path is None else str(path), finetune=finetune)
 
 
-def test_save_and_resume_through_the_actor_functions(tmp_path):
+def test_save_and_resume_through_the_actor_functions(tmp_path, caplog):
     ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
     values = []
     for rollout_id, observed in enumerate((0.3, 0.25, 0.02)):
@@ -117,15 +106,32 @@ def test_save_and_resume_through_the_actor_functions(tmp_path):
         f"kl_ctrl_state_dict_{i}.json" for i in range(3)
     ]  # written through a temporary file that is renamed away
     resumed = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
-    state = restore_kl_controller(resumed, _load(tmp_path), 1)  # the iteration loaded (--ckpt-step 1), not the latest
-    assert resumed.value == values[1] == state["value"] and resumed.n_updates == 2
+    with caplog.at_level(logging.WARNING):
+        state = restore_kl_controller(resumed, _load(tmp_path), 1)  # the iteration loaded (--ckpt-step 1)
+    assert resumed.value == values[1] == state["value"] and not caplog.records
     assert step_kl_controller(resumed, 0.02, 16)["kl_ctrl/coef"] == values[1]  # the value used by the step
     assert resumed.value == values[2]
+
     fresh = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
-    assert restore_kl_controller(fresh, _load(tmp_path), 7) is None  # no state saved: start from --kl-coef
+    with caplog.at_level(logging.WARNING):
+        assert restore_kl_controller(fresh, _load(tmp_path), 7) is None  # no state saved: start from --kl-coef
     assert fresh.value == 0.05
-    with pytest.raises(ValueError, match="adaptive"):
-        FixedKLController(0.05).load_state_dict(resumed.state_dict())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no KL controller state at {tmp_path}/kl_ctrl/kl_ctrl_state_dict_7.json; the KL coefficient starts from "
+        "--kl-coef"
+    ]
+
+
+def test_a_resume_with_new_settings_keeps_the_coefficient_and_says_so(tmp_path, caplog):
+    saved = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
+    saved.update(0.3, 16)
+    save_kl_controller(saved, str(tmp_path), 3)
+    resumed = AdaptiveKLController(0.05, target_kl=0.2, horizon=400)
+    with caplog.at_level(logging.WARNING):
+        restore_kl_controller(resumed, _load(tmp_path), 3)
+    assert (resumed.value, resumed.target, resumed.horizon) == (saved.value, 0.2, 400)
+    (record,) = caplog.records
+    assert "--kl-target 0.1 -> 0.2, --kl-horizon 100.0 -> 400.0" in record.getMessage()
 
 
 @pytest.mark.parametrize("args", [_load(None), _load("saved", finetune=True)])
@@ -142,7 +148,7 @@ def test_no_restore_without_load_or_with_finetune(tmp_path, args):
 def test_a_step_without_samples_leaves_the_coefficient_alone():
     ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=100)
     assert step_kl_controller(ctrl, None, 0) == {"kl_ctrl/coef": 0.05}
-    assert ctrl.value == 0.05 and ctrl.n_updates == 0
+    assert ctrl.value == 0.05
     metrics = step_kl_controller(ctrl, 0.3, 16)
     assert metrics["kl_ctrl/coef"] == 0.05 and ctrl.value > 0.05 and metrics["kl_ctrl/error"] == 0.2
 
@@ -154,7 +160,7 @@ def _adaptive(**overrides):
         kl_ctrl="adaptive",
         kl_coef=0.01,
         kl_target=0.1,
-        kl_horizon=10000,
+        kl_horizon=None,
         ref_load=None,
         custom_advantage_function_path=None,
         compute_advantages_and_returns=True,
@@ -170,12 +176,19 @@ def _adaptive(**overrides):
         (dict(advantage_estimator="reinforce_plus_plus", normalize_advantages=True), "--advantage-estimator ppo"),
         (dict(kl_coef=0), "--kl-coef"),
         (dict(kl_coef=-0.1), "--kl-coef"),
+        (dict(kl_coef=math.inf), "--kl-coef"),
+        (dict(kl_coef=math.nan), "--kl-coef"),
         (dict(kl_target=None), "--kl-target"),
         (dict(kl_target=0.0), "--kl-target"),
         (dict(kl_target=-1.0), "--kl-target"),
+        (dict(kl_target=math.nan), "--kl-target"),
+        (dict(kl_target=math.inf), "--kl-target"),
         (dict(kl_horizon=0), "--kl-horizon"),
         (dict(kl_horizon=-5), "--kl-horizon"),
+        (dict(kl_horizon=math.nan), "--kl-horizon"),
+        (dict(kl_horizon=math.inf), "--kl-horizon"),
         (dict(kl_ctrl="fixed", kl_target=0.1), "--kl-target"),
+        (dict(kl_ctrl="fixed", kl_target=None, kl_horizon=500), "--kl-horizon"),
         (dict(custom_advantage_function_path="my.adv"), "--custom-advantage-function-path"),
         (dict(compute_advantages_and_returns=False), "--disable-compute-advantages-and-returns"),
         (dict(rollout_batch_size=8, n_samples_per_prompt=4, kl_horizon=31), "--kl-horizon"),
@@ -192,7 +205,7 @@ def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path)
     module = load_slime_arguments_module(monkeypatch)
     args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path)))
     module.slime_validate_args(args)
-    assert args.kl_ctrl == "adaptive" and args.use_critic
+    assert args.kl_ctrl == "adaptive" and args.use_critic and args.kl_horizon == 10000
     batch = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), rollout_batch_size=8, n_samples_per_prompt=4))
     batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted
     module.slime_validate_args(batch)
@@ -219,6 +232,7 @@ def _import_loss_with_stub_mpu(monkeypatch):
     mpu_stub = types.SimpleNamespace(
         get_context_parallel_world_size=lambda: 1,
         get_context_parallel_rank=lambda: 0,
+        get_context_parallel_group=lambda: None,
         get_tensor_model_parallel_rank=lambda: 0,
         is_pipeline_last_stage=lambda: True,
     )
@@ -314,16 +328,29 @@ def test_ppo_reward_shaping_uses_the_handed_in_coefficient(loss_module):
         torch.testing.assert_close(returns, expected)
 
 
+def test_ci_check_finds_the_coefficient_the_rewards_were_shaped_with(loss_module, monkeypatch):
+    monkeypatch.setitem(sys.modules, "megatron.core.distributed", types.SimpleNamespace(DistributedDataParallel=None))
+    from slime.backends.megatron_utils.ci_utils import check_reward_kl_coef
+
+    data = _rollout(4)
+    loss_module.compute_advantages_and_returns(_args("ppo", 0.05), data, kl_coef=0.3)
+    check_reward_kl_coef(_args("ppo", 0.05), data, 0.3)
+    with pytest.raises(AssertionError, match="coefficient of 0.3"):
+        check_reward_kl_coef(_args("ppo", 0.05), data, 0.05)  # --kl-coef, not the value handed in
+    check_reward_kl_coef(Namespace(gamma=0.9, lambd=1.0), data, 0.05)  # returns are no sums of rewards: no check
+
+
 def test_observed_kl_is_the_mean_of_per_sample_masked_means(loss_module, monkeypatch):
     monkeypatch.setattr(loss_module.dist, "all_reduce", lambda tensor, group=None: None)
     data = {
-        "kl": [torch.tensor([1.0, 3.0, 100.0]), torch.tensor([2.0, 2.0, 2.0, 2.0, 2.0, 2.0])],
+        "kl": [torch.tensor([1.0, 3.0, 100.0]), torch.tensor([4.0, 4.0, 4.0, 4.0, 4.0, 4.0])],
         "loss_masks": [torch.tensor([1.0, 1.0, 0.0]), torch.ones(6)],
         "response_lengths": [3, 6],
         "total_lengths": [5, 8],
     }
     observed, count = loss_module.reduce_observed_kl(data, group=None)
-    assert count == 2 and observed == pytest.approx((2.0 + 2.0) / 2)  # the masked 100 does not count
+    # Samples' means 2 and 4: their mean is 3; the token mean would be 28 / 8 = 3.5. The masked 100 does not count.
+    assert count == 2 and observed == pytest.approx(3.0)
     assert loss_module.reduce_observed_kl({}, group=None) == (None, 0)
     empty = {"kl": [], "loss_masks": [], "response_lengths": [], "total_lengths": []}
     assert loss_module.reduce_observed_kl(empty, group=None) == (None, 0)

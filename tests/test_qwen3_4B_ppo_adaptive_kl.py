@@ -1,7 +1,9 @@
 """PPO with --kl-ctrl adaptive, then a resume from its checkpoint.
 
-Under --ci-test the actor asserts after every step that the coefficient moved with the sign of the KL error and
-is the same on every rank, and on resume that the controller state of the loaded rollout was restored.
+Under --ci-test the actor asserts at every step that the PPO rewards were shaped with the controller's coefficient
+(the growth of the returns from token to token against the per-token KL, with the default gamma = lambd = 1),
+after every step that the coefficient moved with the sign of the KL error and is the same on every rank, and on
+resume that the controller state of the loaded rollout was restored.
 """
 
 import os
@@ -57,10 +59,11 @@ def execute(num_rollout: int, load: bool):
         "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
         "--use-dynamic-batch-size --max-tokens-per-gpu 8192 "
     )
-    # A short horizon so that 4 steps of 16 samples move the coefficient visibly (up to 0.2 * 16 / 200 a step).
+    # A short horizon so that each step of 16 samples moves the coefficient by up to 0.2 * 16 / 32 = 10%: far
+    # more than the CI check's tolerance, so --kl-coef handed in instead of the controller's value fails it.
     ppo_args = (
         "--advantage-estimator ppo "
-        "--kl-coef 0.01 --kl-ctrl adaptive --kl-target 0.001 --kl-horizon 200 --kl-loss-type k1 "
+        "--kl-coef 0.01 --kl-ctrl adaptive --kl-target 0.001 --kl-horizon 32 --kl-loss-type k1 "
         "--entropy-coef 0.00 --eps-clip 4e-4 --normalize-advantages "
     )
     optimizer_args = (

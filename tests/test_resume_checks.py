@@ -21,12 +21,12 @@ from examples.agent_envs.make_data import task_rows
 from slime.checkpoint.driver import save_checkpoint
 from slime.checkpoint.files import MANIFEST, CheckpointError, read_json, verify_manifest, write_manifest
 from slime.checkpoint.layout import iteration_dir
-from slime.checkpoint.resume import flag_changes, model_changes
+from slime.checkpoint.resume import flag_changes, kl_controller_changes, model_changes
 from slime.checkpoint.run_config import RUN_CONFIG
 from slime.launch.checks import check_launch
 from slime.launch.preflight import preflight
 from slime.utils.arguments import parse_args
-from slime.utils.kl_controller import FixedKLController
+from slime.utils.kl_controller import AdaptiveKLController, save_kl_controller
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 transformers.utils.logging.disable_progress_bar()
@@ -64,7 +64,7 @@ def setup(tmp_path_factory):
     with single_thread():
         ensure_single_process_group()
         actor = FSDPActor(args, 0, 1)
-        save_checkpoint(save, STEP, trainer=actor, data_source=StubData(), kl_controller=FixedKLController(0.0))
+        save_checkpoint(save, STEP, trainer=actor, data_source=StubData(), kl_controller=None)
     return {"root": root, "base": base, "save": save, "student": student, "wide": wide}
 
 
@@ -188,6 +188,44 @@ def test_a_checkpoint_without_run_config_resumes_with_a_note(setup, capsys):
     rc, out, _ = dry_run(setup, capsys, "--tcod-eta", "5", load=old)
     assert rc == 0  # nothing to compare the flags with
     assert f"--load {old}: iter_0000011 has no run_config.json (written before run configurations were saved)" in out
+
+
+def _adaptive_copy(setup, name):
+    """The checkpoint as an adaptive run would have left it: its controller's state in kl_ctrl/."""
+    copy = setup["root"] / name
+    if not copy.exists():
+        shutil.copytree(iteration_dir(setup["save"], STEP), iteration_dir(copy, STEP))
+        ctrl = AdaptiveKLController(0.05, target_kl=0.1, horizon=64.0)
+        ctrl.update(0.3, 2)
+        save_kl_controller(ctrl, str(iteration_dir(copy, STEP)), STEP)
+        write_manifest(iteration_dir(copy, STEP))
+    return copy
+
+
+def test_resuming_an_adaptive_run_without_its_controller_is_refused_before_ray(setup, capsys, monkeypatch):
+    monkeypatch.setattr(train, "_init_ray", lambda args: pytest.fail("Ray started"))
+    copy = _adaptive_copy(setup, "adaptive")
+    assert train.main([*setup["base"], "--load", str(copy)]) == 2
+    assert error_line(capsys.readouterr().err) == (
+        f"train.py: error: --load {copy}: --kl-ctrl adaptive -> fixed: the checkpoint's run adapted the KL "
+        "coefficient (now 0.0503125, target 0.1); resume it with --kl-ctrl adaptive --kl-target 0.1, or start a "
+        "new --save folder")
+
+
+def test_the_kl_controller_of_a_resume_must_be_the_checkpoints(tmp_path):
+    def args(kl_ctrl, target=0.1, horizon=64.0):
+        return Namespace(kl_ctrl=kl_ctrl, kl_coef=0.05, kl_target=target, kl_horizon=horizon, load="ckpt")
+
+    fixed = iteration_dir(tmp_path, STEP)
+    fixed.mkdir()
+    assert kl_controller_changes(fixed, STEP, args("fixed", None, None)) == (None, {})
+    problem, _ = kl_controller_changes(fixed, STEP, args("adaptive"))
+    assert problem.startswith("--kl-ctrl fixed -> adaptive: the checkpoint's run kept --kl-coef fixed")
+    save_kl_controller(AdaptiveKLController(0.05, target_kl=0.1, horizon=64.0), str(fixed), STEP)
+    assert kl_controller_changes(fixed, STEP, args("adaptive")) == (None, {})
+    # A new target or horizon is allowed (the saved coefficient goes on with it) and named for the resume notes.
+    assert kl_controller_changes(fixed, STEP, args("adaptive", 0.2, 128.0)) == (
+        None, {"--kl-target": (0.1, 0.2), "--kl-horizon": (64.0, 128.0)})
 
 
 # ---------------------------------------------------------------------------- saved with the checkpoint

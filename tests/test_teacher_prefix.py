@@ -26,7 +26,6 @@ from slime.rollout import sample_hooks, teacher_prefix
 from slime.rollout.sglang_rollout import GenerateState, build_sampling_params, run_async, sampling_seed
 from slime.utils.arguments import ArgumentError, get_parser, validate_args
 from slime.utils.http_utils import close_session
-from slime.utils.kl_controller import FixedKLController
 from slime.utils.misc import load_function
 from slime.utils.step_metrics import rollout_metrics
 from slime.utils.tiny_models import save_tiny_checkpoint
@@ -184,7 +183,7 @@ def test_resume_restores_the_cache_and_replays_exactly(engine, tmp_path, monkeyp
     play(args, [task(0), task(1, length=3)], step=0)
     uninterrupted = play(args, [task(0), task(1, length=3)], step=1)
     saved = CACHE.state_dict()
-    save_checkpoint(tmp_path, 0, trainer=StubTrainer(), data_source=StubData(), kl_controller=FixedKLController(0.0),
+    save_checkpoint(tmp_path, 0, trainer=StubTrainer(), data_source=StubData(), kl_controller=None,
                     teacher_episodes=CACHE)
     assert os.path.exists(tmp_path / "iter_0000000" / TEACHER_EPISODES)
 
@@ -197,7 +196,7 @@ def test_resume_restores_the_cache_and_replays_exactly(engine, tmp_path, monkeyp
     monkeypatch.setattr(teacher_prefix, "play_teacher_episode", teacher_asked)
     with pytest.raises(AssertionError):
         play(args, [task(0)], step=1)
-    load_checkpoint(tmp_path, trainer=StubTrainer(), data_source=StubData(), kl_controller=FixedKLController(0.0),
+    load_checkpoint(tmp_path, trainer=StubTrainer(), data_source=StubData(), kl_controller=None,
                     teacher_episodes=CACHE)
     assert CACHE.state_dict() == saved
     resumed = play(args, [task(0), task(1, length=3)], step=1)

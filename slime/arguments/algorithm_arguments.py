@@ -14,8 +14,6 @@ import warnings
 from slime.arguments.argument_error import fail as _fail
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
-# Estimators whose advantages are built from per-token rewards shaped by ``--kl-coef``.
-REWARD_SIDE_KL_ESTIMATORS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 def add_algorithm_arguments(parser):
@@ -93,21 +91,22 @@ def add_on_policy_distillation_arguments(parser):
 
 
 def add_kl_controller_arguments(parser):
+    # The flags of the slime PR's --kl-ctrl (docs/en/advanced/adaptive-kl-controller.md): same names, defaults
+    # and refusals; the controller is its slime/utils/kl_controller.py.
     g = parser.add_argument_group("reward-side KL controller")
     g.add_argument("--kl-ctrl", choices=("fixed", "adaptive"), default="fixed",
                    help="fixed: --kl-coef stays; adaptive: it is moved toward --kl-target after every step "
-                        "(Ziegler et al.; ppo and reinforce_plus_plus[_baseline] only)")
+                        "(Ziegler et al.; --advantage-estimator ppo only)")
     g.add_argument("--kl-target", type=float, default=None,
-                   help="adaptive: the KL to the reference to hold, in --kl-ctrl-unit (required)")
-    g.add_argument("--kl-horizon", type=float, default=10000,
-                   help="adaptive: after each step coef *= 1 + clipped error x the step's samples / horizon")
-    g.add_argument("--kl-ctrl-clip", type=float, default=0.2,
-                   help="adaptive: bound on the relative error observed / target - 1, in (0, 1]")
-    g.add_argument("--kl-coef-min", type=float, default=1e-6, help="adaptive: lower bound of the coefficient")
-    g.add_argument("--kl-coef-max", type=float, default=1e3, help="adaptive: upper bound of the coefficient")
+                   help="adaptive: the KL to the reference to hold, per token: each sample's mean over its "
+                        "trained tokens, averaged over the step's samples (required)")
+    g.add_argument("--kl-horizon", type=float, default=None,
+                   help="adaptive (default 10000): after each step coef *= 1 + clip(observed / target - 1, "
+                        "-0.2, 0.2) x the step's samples / horizon; at least a step's samples")
+    # This runtime's one addition: the per-response unit of Ziegler et al.'s code and TRL, for their targets.
     g.add_argument("--kl-ctrl-unit", choices=("token", "sequence"), default="token",
-                   help="observed KL: each sample's per-token mean, averaged over samples (verl), or each "
-                        "sample's sum, averaged over samples (OpenAI / old TRL)")
+                   help="adaptive: the KL fed to the controller: token (the PR's, verl's) or each sample's sum "
+                        "over its tokens, averaged over samples (Ziegler et al.'s code, TRL)")
     return parser
 
 
@@ -171,21 +170,19 @@ def validate_kl_args(args):
         _fail("--kl-coef (reward-side KL) and --kl-loss-coef (KL loss term) are both non-zero, which counts "
               "the KL to the reference twice: keep one of them")
     if args.kl_ctrl != "adaptive":
+        if args.kl_target is not None or args.kl_horizon is not None:
+            _fail("--kl-target and --kl-horizon are only used with --kl-ctrl adaptive: add it or drop them")
         return
-    if args.advantage_estimator not in REWARD_SIDE_KL_ESTIMATORS:
-        _fail(f"--kl-ctrl adaptive adapts the reward-side --kl-coef, which --advantage-estimator "
-              f"{args.advantage_estimator} ignores (its advantages are a group-normalised scalar). Use an "
-              f"estimator from {REWARD_SIDE_KL_ESTIMATORS}, or keep --kl-ctrl fixed and regularise with "
-              "--use-kl-loss --kl-loss-coef")
-    if args.kl_target is None or args.kl_target <= 0:
-        _fail("--kl-ctrl adaptive needs --kl-target > 0 (in the unit of --kl-ctrl-unit)")
-    if args.kl_horizon <= 0:
-        _fail("--kl-horizon must be > 0")
-    if args.kl_coef <= 0:
-        _fail("--kl-ctrl adaptive needs an initial --kl-coef > 0 (a zero coefficient can never grow)")
-    if not 0 < args.kl_ctrl_clip <= 1:
-        _fail("--kl-ctrl-clip must lie in (0, 1]")
-    if not 0 < args.kl_coef_min < args.kl_coef_max:
-        _fail("--kl-coef-min must be > 0 and < --kl-coef-max")
-    if not args.kl_coef_min <= args.kl_coef <= args.kl_coef_max:
-        _fail("--kl-coef must lie within [--kl-coef-min, --kl-coef-max]")
+    if args.advantage_estimator != "ppo":
+        _fail(f"--kl-ctrl adaptive adapts the reward-side --kl-coef of --advantage-estimator ppo, not "
+              f"{args.advantage_estimator}; keep --kl-ctrl fixed and regularise with --use-kl-loss --kl-loss-coef")
+    if args.kl_horizon is None:
+        args.kl_horizon = 10000.0
+    for flag, value in (("--kl-coef", args.kl_coef), ("--kl-target", args.kl_target),
+                        ("--kl-horizon", args.kl_horizon)):
+        if value is None or value <= 0:  # validate_finite has refused nan and inf already
+            _fail(f"--kl-ctrl adaptive needs {flag} > 0, got {value}")
+    step_samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.kl_horizon < step_samples:
+        _fail(f"--kl-horizon ({args.kl_horizon:g}) must be >= the samples of a step (--rollout-batch-size x "
+              f"--n-samples-per-prompt = {step_samples})")

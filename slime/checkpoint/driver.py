@@ -3,7 +3,10 @@
 Layout of ``{save}/iter_{rollout_id:07d}/`` (which folder ``--load`` resumes: ``slime.checkpoint.layout``):
 
 * ``model/``               written by the trainer group (HF policy, optimizer, critic; see fsdp_backend.md)
-* ``trainer_state.json``   rollout id, data-source position, KL-controller state, python/numpy RNG
+* ``trainer_state.json``   rollout id, data-source position, python/numpy RNG
+* ``kl_ctrl/kl_ctrl_state_dict_{rollout_id}.json``  ``--kl-ctrl adaptive`` only: the controller's state,
+                           written by the slime PR's ``save_kl_controller`` (the same file slime writes to
+                           ``{save}/kl_ctrl/``, kept here inside the iteration folder)
 * ``rng.safetensors``      torch RNG state of the driver
 * ``tcod_teacher_episodes.json``  B2F with ``--tcod-prefix-source teacher``: the teacher's recorded
                            episodes (``slime.rollout.teacher_prefix.CACHE``, handed in by ``train.py``), so a
@@ -34,6 +37,7 @@ from safetensors.torch import save_file
 from slime.checkpoint.files import read_json, read_safetensors, write_manifest
 from slime.checkpoint.layout import LATEST, find_checkpoint, iteration_dir
 from slime.checkpoint.run_config import RUN_CONFIG, run_config
+from slime.utils.kl_controller import kl_controller_state_path, save_kl_controller
 
 TEACHER_EPISODES = "tcod_teacher_episodes.json"
 
@@ -58,7 +62,8 @@ def _set_rng_state(json_part: dict, tensors: dict) -> None:
 
 def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controller, teacher_episodes=None,
                     extra: dict | None = None, args=None) -> Path:
-    """``args``: the run's flags for ``run_config.json`` (default: the trainer group's ``args``).
+    """``args``: the run's flags for ``run_config.json`` (default: the trainer group's ``args``);
+    ``kl_controller``: the adaptive controller, None with ``--kl-ctrl fixed``.
 
     ``teacher_episodes``: the rollout side's cache of teacher-played episodes (``state_dict()`` /
     ``load_state_dict()``, ``entries``), passed in by the caller because it lives above this package.
@@ -73,12 +78,13 @@ def save_checkpoint(root, rollout_id: int, *, trainer, data_source, kl_controlle
     state = {
         "rollout_id": rollout_id,
         "data_source": data_source.state_dict(),
-        "kl_controller": kl_controller.state_dict(),
         "rng": rng_json,
         **(extra or {}),
     }
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    if kl_controller is not None:
+        save_kl_controller(kl_controller, str(tmp), rollout_id)
     # The rollout side's state beyond the data position: only runs with teacher prefixes have any.
     if teacher_episodes is not None and teacher_episodes.entries:
         (tmp / TEACHER_EPISODES).write_text(json.dumps(teacher_episodes.state_dict()))
@@ -106,7 +112,8 @@ def load_checkpoint(load, *, trainer, data_source, kl_controller, teacher_episod
     state = read_json(folder / "trainer_state.json")
     trainer.load(str(folder / "model"))
     data_source.load_state_dict(state["data_source"])
-    kl_controller.load_state_dict(state["kl_controller"])
+    if kl_controller is not None:  # the checkpoint has its state: slime.checkpoint.resume checked before Ray
+        kl_controller.load_state_dict(read_json(Path(kl_controller_state_path(str(folder), state["rollout_id"]))))
     _set_rng_state(state["rng"], read_safetensors(folder / "rng.safetensors"))
     # Replaced, not merged: what this process may have cached belongs to no step of the loaded run.
     if teacher_episodes is not None:

@@ -12,6 +12,9 @@
   value would be silently ignored. They are compared with what the checkpoint's optimizer holds
   (``model/optimizer/meta.json``); a change needs Megatron-LM's ``--override-opt_param-scheduler`` (the
   new values replace the restored ones) or ``--use-checkpoint-opt_param-scheduler`` (the checkpoint's win);
+* ``--kl-ctrl`` must be the checkpoint's: an adaptive run's iteration holds its controller's state
+  (``kl_ctrl/``, ``slime.checkpoint.driver``), which a fixed run would drop and a fixed run's iteration lacks.
+  A new ``--kl-target`` / ``--kl-horizon`` is allowed, as in the slime PR: the saved coefficient goes on with it;
 * everything else (``--num-rollout``, intervals, paths, logging) may change freely.
 """
 
@@ -26,6 +29,7 @@ from slime.checkpoint.files import CheckpointError, read_json
 from slime.checkpoint.layout import find_checkpoint, holds_checkpoint
 from slime.checkpoint.run_config import RUN_CONFIG
 from slime.utils.hf_config import read_config
+from slime.utils.kl_controller import build_kl_controller, kl_controller_state_path
 
 OVERRIDE = "--override-opt_param-scheduler"
 KEEP = "--use-checkpoint-opt_param-scheduler"
@@ -74,6 +78,7 @@ class Resume:
     step: int  # its rollout id: the run goes on at step + 1
     optimizer: list  # (flag, checkpoint's value, this run's) the optimizer flags allow to differ
     has_run_config: bool  # False: written before run_config.json existed, so no flags were compared
+    kl_settings: dict  # --kl-target / --kl-horizon: (checkpoint's, this run's) for those that differ
 
 
 def check_resume(args) -> Resume | None:
@@ -93,7 +98,8 @@ def check_resume(args) -> Resume | None:
     changed = flag_changes(saved_args, args) if saved else []
     changed += model_changes(_saved_model_config(folder, saved), args)
     optimizer = optimizer_changes(folder, saved_args, args)
-    problems = []
+    kl_problem, kl_settings = kl_controller_changes(folder, step, args)
+    problems = [kl_problem] if kl_problem else []
     if changed:
         problems.append("this run changes what the checkpoint's run means: " + ", ".join(changed) +
                         " (start a new --save folder, or restore the flags)")
@@ -103,7 +109,28 @@ def check_resume(args) -> Resume | None:
                         f"with this run's values, or {KEEP} to keep the checkpoint's")
     if problems:
         raise ArgumentError(f"--load {args.load}: " + "; ".join(problems))
-    return Resume(folder=folder, step=step, optimizer=optimizer, has_run_config=saved is not None)
+    return Resume(folder=folder, step=step, optimizer=optimizer, has_run_config=saved is not None,
+                  kl_settings=kl_settings)
+
+
+def kl_controller_changes(folder: Path, step: int, args) -> tuple[str | None, dict]:
+    """(the problem when this run's ``--kl-ctrl`` is not the checkpoint's, the changed ``--kl-target`` /
+    ``--kl-horizon``). An iteration holds a controller state iff its run was adaptive."""
+    path = Path(kl_controller_state_path(str(folder), step))
+    if not path.is_file():
+        if args.kl_ctrl == "adaptive":
+            return ("--kl-ctrl fixed -> adaptive: the checkpoint's run kept --kl-coef fixed, so it has no KL "
+                    "controller state to resume (start a new --save folder, or drop --kl-ctrl adaptive)"), {}
+        return None, {}
+    try:
+        state = read_json(path)
+    except CheckpointError as err:
+        raise ArgumentError(f"--load {args.load}: {err}") from None
+    if args.kl_ctrl != "adaptive":
+        return (f"--kl-ctrl adaptive -> fixed: the checkpoint's run adapted the KL coefficient (now "
+                f"{state['value']:.6g}, target {state['target']:g}); resume it with --kl-ctrl adaptive "
+                f"--kl-target {state['target']:g}, or start a new --save folder"), {}
+    return None, build_kl_controller(args).changed_settings(state)
 
 
 def flag_changes(saved: dict, args) -> list[str]:

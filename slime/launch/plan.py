@@ -54,7 +54,7 @@ def describe_plan(args) -> list[str]:
         lines.append("TCOD      : off")
     if args.kl_ctrl == "adaptive":
         lines.append(f"KL ctrl   : adaptive, target {args.kl_target} per {args.kl_ctrl_unit}, horizon "
-                     f"{args.kl_horizon}, init coef {args.kl_coef}, clip {args.kl_ctrl_clip}")
+                     f"{args.kl_horizon:g}, init coef {args.kl_coef}")
     else:
         lines.append(f"KL ctrl   : fixed coef {args.kl_coef}; KL loss "
                      f"{'on, coef ' + str(args.kl_loss_coef) if args.use_kl_loss else 'off'}")

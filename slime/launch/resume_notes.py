@@ -29,6 +29,9 @@ def resume_notes(args) -> list[str]:
         notes.append(f"{KEEP}: the checkpoint's optimizer settings are kept: "
                      + ", ".join(f"{flag} {show(old)} (this run's {show(new)} is ignored)"
                                  for flag, old, new in resume.optimizer))
+    if resume.kl_settings:
+        notes.append("the saved KL coefficient goes on with this run's " + ", ".join(
+            arrow(flag, *values) for flag, values in resume.kl_settings.items()))
     if not resume.has_run_config:
         notes.append(f"--load {args.load}: {resume.folder.name} has no {RUN_CONFIG} (written before run "
                      "configurations were saved): its flags could not be compared with this run's")

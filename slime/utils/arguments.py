@@ -16,7 +16,6 @@ import sys
 # Split out (with their validation); importable from here as before.
 from slime.arguments.algorithm_arguments import (  # noqa: F401
     ESTIMATORS,
-    REWARD_SIDE_KL_ESTIMATORS,
     add_algorithm_arguments,
     add_kl_controller_arguments,
     add_on_policy_distillation_arguments,

@@ -17,7 +17,11 @@ from tools.slime_pr.manifest import RENDERED, TEMPLATE, VERIFIED_COMMIT, PortErr
 
 AUTHOR = "slime-pr"  # of the commit port.py makes in a git work tree
 CORE_FILES = ("slime/utils/kl_controller.py",)
-CPU_TEST_FILES = ("tests/test_kl_controller.py", "tests/test_kl_controller_cp.py")
+CPU_TEST_FILES = (
+    "tests/test_kl_controller.py",
+    "tests/test_kl_controller_cp.py",
+    "tests/test_kl_controller_actor.py",
+)
 GPU_TEST_FILE = "tests/test_qwen3_4B_ppo_adaptive_kl.py"
 GPU_TEST_GPUS = 8
 GPU_REGISTRATION = (("", GPU_TEST_GPUS),)  # (test_args, GPUs) of its one GPU entry
@@ -35,6 +39,8 @@ LOSS = "slime/backends/megatron_utils/loss.py"
 ACTOR = "slime/backends/megatron_utils/actor.py"
 FIXTURE = "tests/test_megatron_argument_validation.py"
 SERVER = "slime/backends/megatron_utils/server/arguments.py"
+CI_UTILS = "slime/backends/megatron_utils/ci_utils.py"
+WANDB = "slime/observability/wandb_utils.py"
 EXPECTED = (  # checked before anything else: (file, text that must be there, why)
     (ARGS, "def slime_validate_args(args):", "where the --kl-* flags are validated"),
     (LOSS, "def compute_advantages_and_returns(", "the advantages the coefficient shapes"),
@@ -68,10 +74,10 @@ _KL_CTRL_FLAGS = """\
             parser.add_argument(
                 "--kl-horizon",
                 type=float,
-                default=10000,
+                default=None,
                 help=(
-                    "Horizon of --kl-ctrl adaptive, in samples: after each step the coefficient is multiplied by "
-                    "1 + clip(observed / target - 1, -0.2, 0.2) * samples of the step / horizon."
+                    "Horizon of --kl-ctrl adaptive, in samples (default 10000): after each step the coefficient is "
+                    "multiplied by 1 + clip(observed / target - 1, -0.2, 0.2) * samples of the step / horizon."
                 ),
             )
 """
@@ -84,12 +90,12 @@ _VALIDATE = """\
                 f"--kl-ctrl adaptive adapts the reward-side --kl-coef of --advantage-estimator ppo, not "
                 f"{args.advantage_estimator}; with other estimators regularize with --use-kl-loss --kl-loss-coef."
             )
-        if args.kl_coef <= 0:
-            raise ValueError("--kl-ctrl adaptive needs --kl-coef > 0, the coefficient it starts from.")
-        if args.kl_target is None or args.kl_target <= 0:
-            raise ValueError("--kl-ctrl adaptive needs --kl-target > 0.")
-        if args.kl_horizon <= 0:
-            raise ValueError(f"--kl-horizon must be > 0, got {args.kl_horizon}.")
+        if args.kl_horizon is None:
+            args.kl_horizon = 10000.0
+        settings = {"--kl-coef": args.kl_coef, "--kl-target": args.kl_target, "--kl-horizon": args.kl_horizon}
+        for flag, value in settings.items():
+            if value is None or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"--kl-ctrl adaptive needs a finite {flag} > 0, got {value}.")
         if args.custom_advantage_function_path is not None:
             raise ValueError("--kl-ctrl adaptive cannot hand its coefficient to --custom-advantage-function-path.")
         if not args.compute_advantages_and_returns:
@@ -99,8 +105,8 @@ _VALIDATE = """\
                 f"--kl-horizon ({args.kl_horizon}) must be >= the samples of a step (rollout_batch_size * "
                 f"n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt})."
             )
-    elif args.kl_target is not None:
-        raise ValueError("--kl-target is only used with --kl-ctrl adaptive.")
+    elif args.kl_target is not None or args.kl_horizon is not None:
+        raise ValueError("--kl-target and --kl-horizon are only used with --kl-ctrl adaptive.")
 
 """
 
@@ -174,6 +180,9 @@ _LOSS_REDUCE = '''def reduce_observed_kl(rollout_data: RolloutBatch, group) -> t
 
 '''
 
+_ARGS_IMPORT = "import logging\nimport os\n"
+_ARGS_IMPORT_NEW = "import logging\nimport math\nimport os\n"
+
 _CRITIC_OVERRIDE = "        role_args.kl_coef = 0\n"
 _CRITIC_OVERRIDE_NEW = '        role_args.kl_coef = 0\n        role_args.kl_ctrl = "fixed"\n'
 _SERVER = "    args.kl_coef = 0\n"
@@ -209,11 +218,15 @@ _ACTOR_INIT_NEW = """\
         if role == "critic":
 """
 _ACTOR_CALL = "                compute_advantages_and_returns(self.args, rollout_data)\n\n            if self.rollout_data_postprocess"
-_ACTOR_CALL_NEW = (
-    "                kl_coef = None if self.kl_ctrl is None else self.kl_ctrl.value\n"
-    "                compute_advantages_and_returns(self.args, rollout_data, kl_coef=kl_coef)\n\n"
-    "            if self.rollout_data_postprocess"
-)
+_ACTOR_CALL_NEW = """\
+                kl_coef = None if self.kl_ctrl is None else self.kl_ctrl.value
+                compute_advantages_and_returns(self.args, rollout_data, kl_coef=kl_coef)
+                if self.args.ci_test and self.kl_ctrl is not None and mpu.is_pipeline_last_stage():
+                    from .ci_utils import check_reward_kl_coef
+
+                    check_reward_kl_coef(self.args, rollout_data, self.kl_ctrl.value)
+
+            if self.rollout_data_postprocess"""
 _ACTOR_LOG = """\
         train_metric_utils.log_perf_data(
             rollout_id,
@@ -241,8 +254,51 @@ _ACTOR_SAVE_NEW = (
     "            save_kl_controller(self.kl_ctrl, self.args.save, rollout_id)\n"
 )
 
+_CI_IMPORT = "import logging\nfrom collections.abc import Sequence\n\n"
+_CI_IMPORT_NEW = "import logging\nimport math\nfrom collections.abc import Sequence\n\nimport torch\n"
+_CI_END = """\
+        "This may indicate an issue with MTP training."
+    )
+"""
+_CI_CHECK = '''
+
+def check_reward_kl_coef(args, rollout_data, kl_coef: float) -> None:
+    """Check that PPO's rewards were shaped with ``kl_coef``: with ``--gamma 1 --lambd 1`` a return grows from one
+    response token to the next (the last one holds the reward) by ``kl_coef * kl``, so the least-squares slope of
+    that growth against the per-token KL, over this rank's samples, must be ``kl_coef``."""
+    if args.gamma != 1 or args.lambd != 1:
+        return
+    from .cp_utils import all_gather_with_cp
+
+    growth, kl = [], []
+    with torch.no_grad():
+        for returns, sample_kl, total_length, response_length in zip(
+            rollout_data["returns"],
+            rollout_data["kl"],
+            rollout_data["total_lengths"],
+            rollout_data["response_lengths"],
+            strict=True,
+        ):
+            returns = all_gather_with_cp(returns, total_length, response_length).double()
+            growth.append(returns[1:] - returns[:-1])
+            kl.append(all_gather_with_cp(sample_kl, total_length, response_length).double()[:-1])
+    growth, kl = torch.cat(growth), torch.cat(kl)
+    kl_square_sum = (kl * kl).sum().item()
+    if kl_square_sum == 0:
+        return  # a policy still equal to its reference: every coefficient gives the same rewards
+    slope = (growth * kl).sum().item() / kl_square_sum
+    residual = (growth - slope * kl).square().sum().item() / max(len(kl) - 1, 1)
+    tolerance = 1e-3 * kl_coef + 6 * math.sqrt(residual / kl_square_sum)
+    assert abs(slope - kl_coef) <= tolerance, (
+        f"PPO's rewards were shaped with a KL coefficient of {slope:.6g}, not the controller's {kl_coef:.6g} "
+        f"(tolerance {tolerance:.2g})"
+    )
+'''
+_WANDB = '    wandb.define_metric("perf/*", step_metric="rollout/step")\n'
+_WANDB_NEW = _WANDB + '    wandb.define_metric("kl_ctrl/*", step_metric="rollout/step")\n'
+
 _FIXTURE = "        kl_coef=0,\n"
-_FIXTURE_NEW = '        kl_coef=0,\n        kl_ctrl="fixed",\n        kl_target=None,\n        kl_horizon=10000,\n'
+_FIXTURE_NEW = '        kl_coef=0,\n        kl_ctrl="fixed",\n        kl_target=None,\n        kl_horizon=None,\n'
 
 _USAGE_EN = "- `--kl-coef`: KL penalty coefficient for reward shaping.\n"
 _USAGE_EN_NEW = _USAGE_EN + (
@@ -275,6 +331,7 @@ _CPU_NEW = _CPU_ANCHOR + "".join(
 EDITS = (
     (ARGS, _KL_COEF_FLAG, _KL_COEF_FLAG + _KL_CTRL_FLAGS),
     (ARGS, _VALIDATE_ANCHOR, _VALIDATE + _VALIDATE_ANCHOR),
+    (ARGS, _ARGS_IMPORT, _ARGS_IMPORT_NEW),
     (ARGS, _CRITIC_OVERRIDE, _CRITIC_OVERRIDE_NEW),
     (SERVER, _SERVER, _SERVER_NEW),
     (LOSS, _LOSS_SIGNATURE, _LOSS_SIGNATURE_NEW),
@@ -289,6 +346,9 @@ EDITS = (
     (ACTOR, _ACTOR_CALL, _ACTOR_CALL_NEW),
     (ACTOR, _ACTOR_LOG, _ACTOR_LOG_NEW),
     (ACTOR, _ACTOR_SAVE, _ACTOR_SAVE_NEW),
+    (CI_UTILS, _CI_IMPORT, _CI_IMPORT_NEW),
+    (CI_UTILS, _CI_END, _CI_END + _CI_CHECK),
+    (WANDB, _WANDB, _WANDB_NEW),
     (FIXTURE, _FIXTURE, _FIXTURE_NEW),
     (TEMPLATE, _GPU_ANCHOR, _GPU_NEW),
     (TEMPLATE, _CPU_ANCHOR, _CPU_NEW),
@@ -300,7 +360,7 @@ EDITS = (
 # How many times each anchor appears in pristine upstream (all once, except the reinforce++ keyword).
 _COUNTS = {_LOSS_RPP: 2}
 # Marks of an applied edit, checked before anything else.
-_DONE_MARK = {ARGS: '"--kl-ctrl"', LOSS: "def reduce_observed_kl(", ACTOR: "self.kl_ctrl", FIXTURE: 'kl_ctrl="fixed"'}
+_DONE_MARK = {ARGS: '"--kl-ctrl"', CI_UTILS: "def check_reward_kl_coef(", WANDB: '"kl_ctrl/*"', LOSS: "def reduce_observed_kl(", ACTOR: "self.kl_ctrl", FIXTURE: 'kl_ctrl="fixed"'}
 
 MESSAGE = "Adaptive reward-side KL coefficient for PPO (--kl-ctrl adaptive)"
 COMMITS = ((MESSAGE, [*COPIED_FILES, *dict.fromkeys(rel for rel, _, _ in EDITS), RENDERED]),)  # one commit
