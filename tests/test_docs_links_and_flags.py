@@ -80,7 +80,7 @@ OUTSIDE = {
     # Upstream slime's train.py flags that the PR's docs name and this runtime does not have.
     "upstream slime": {"--ci-test", "--partial-rollout", "--router-policy", "--use-rollout-routing-replay",
                        "--custom-advantage-function-path", "--disable-compute-advantages-and-returns",
-                       "--ref-update-interval"},
+                       "--ref-update-interval", "--rollout-sample-hook-path"},
     # hf download (huggingface_hub), in the example README's download step.
     "hf": {"--local-dir"},
 }

@@ -114,7 +114,7 @@ def test_sample_flags_show_their_default(help_entries, flag, default):
 @pytest.mark.parametrize("flag, says", [
     ("--tcod-mode", "Default is f2b."),
     ("--tcod-k-start", "Default is 1."),
-    ("--tcod-k-max", "Default is max_turns."),
+    ("--tcod-k-max", "Default is the generate function's max_turns."),
     ("--tcod-eta", "Required when --use-tcod is enabled."),
 ])
 def test_tcod_flags_state_their_defaults_as_upstream_does(help_entries, flag, says):

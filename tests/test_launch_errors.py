@@ -262,8 +262,9 @@ def test_consumer_keys_cover_what_the_shipped_code_reads():
     dests = {action.dest for action in get_parser()._actions}
     set_by_runtime = {"engine_limits", "rollout_engine_urls", "rollout_model_path", "sglang_router_external"}
     # Flags of slime that the PRs' shared files read and this runtime does not take: sglang_router's
-    # --router-policy (read with a default), Megatron's --finetune (the KL controller's restore, slime only).
-    slime_only = {"router_policy", "finetune"}
+    # --router-policy (read with a default), Megatron's --finetune (the KL controller's restore, slime only),
+    # slime's --rollout-sample-hook-path (which --use-tcod extends; this runtime's rollout runs no sample hooks).
+    slime_only = {"router_policy", "finetune", "rollout_sample_hook_path"}
     own_clis = {"slime/backends/hf_engine/__main__.py", "slime/rollout/expert_sft.py",
                 "examples/multi_turn_tcod/envs/make_data.py", "examples/agent_envs/make_data.py"}
     read = set()

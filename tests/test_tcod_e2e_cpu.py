@@ -382,13 +382,17 @@ def test_a_generate_function_without_the_curriculum_fails_the_first_rollout_step
     slime_code, monkeypatch, tmp_path, hf_checkpoint, servers
 ):
     path, _ = hf_checkpoint
-    (tmp_path / "tcod_single_turn.py").write_text("async def generate(args, sample, sampling_params):\n    return sample\n")
+    (tmp_path / "tcod_single_turn.py").write_text(
+        "async def generate(args, sample, sampling_params):\n    return sample\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     extra = "--custom-generate-function-path tcod_single_turn.generate"  # the last one given wins
     args = run_args(slime_code, monkeypatch, tmp_path, path, *servers, "b2f", 1.0, extra=extra)
     manager = RolloutManagerState(slime_code, args)
     try:
-        with pytest.raises(RuntimeError, match="tcod_single_turn.generate did not play TCOD's curriculum for rollout 0"):
+        with pytest.raises(
+            RuntimeError, match="tcod_single_turn.generate did not play TCOD's curriculum for rollout 0"
+        ):
             manager.train_data(0)
     finally:
         sys.modules.pop("tcod_single_turn", None)

@@ -334,7 +334,9 @@ def test_an_environment_step_past_env_step_timeout_fails_its_episode(monkeypatch
     released = threading.Event()
     real_step = gridnav_module.GridNavEnv.step
     monkeypatch.setattr(gridnav_module.GridNavEnv, "blocking", True)  # called in a thread, bounded by the timeout
-    monkeypatch.setattr(gridnav_module.GridNavEnv, "step", lambda env, text: (released.wait(10), real_step(env, text))[1])
+    monkeypatch.setattr(
+        gridnav_module.GridNavEnv, "step", lambda env, text: (released.wait(10), real_step(env, text))[1]
+    )
     monkeypatch.setattr(gridnav_module.GridNavEnv, "close", lambda env: released.set())  # lets the thread end
     args = make_args(use_tcod=False, max_turns=1, env_step_timeout=0.5)
     sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: "up")

@@ -262,7 +262,9 @@ async def route_unrouted_tokens(ep: Episode) -> None:
     output = await post(ep.url, payload, headers=ep.headers())
     sample.append_response_tokens(ep.args, tokens=[], meta_info=output["meta_info"], update_terminal_info=False)
     if routed() < len(sample.tokens) - 1:
-        raise RuntimeError(f"--use-rollout-routing-replay: the engine routed {routed()} of {len(sample.tokens)} tokens")
+        raise RuntimeError(
+            f"--use-rollout-routing-replay: the engine routed {routed()} of {len(sample.tokens)} tokens"
+        )
 
 
 STATUS = {

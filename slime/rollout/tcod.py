@@ -43,12 +43,8 @@ def episode_plan(args, rollout_id: int | None, max_turns: int, evaluation: bool 
     if k_max > max_turns:
         raise ValueError(f"--tcod-k-max ({k_max}) must be <= the episode's max_turns ({max_turns}).")
     depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, k_max)
-    return {
-        "mode": args.tcod_mode,
-        "depth": depth,
-        "max_turns": depth if args.tcod_mode == "f2b" else max_turns,
-        "step": rollout_id,
-    }
+    turns = depth if args.tcod_mode == "f2b" else max_turns  # B2F: the prefix counts towards max_turns
+    return {"mode": args.tcod_mode, "depth": depth, "max_turns": turns, "step": rollout_id}
 
 
 def check_episode_planned(args, sample, rollout_id=None, evaluation=False):
