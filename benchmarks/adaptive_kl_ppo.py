@@ -1,14 +1,26 @@
-"""Fixed vs adaptive reward-side KL coefficient on a tiny PPO run (policy + value model) on CPU.
+"""Does ``--kl-ctrl adaptive`` hold the KL at its target? Fixed vs adaptive reward-side KL, tiny PPO on CPU.
 
-Task: the reward is the share of vowels in the answer, which pulls the policy steadily away from the
-reference; the only brake is the reward-side KL, ``r_t - beta * KL_t``. For each seed, four runs share
-weights, prompts and seeds: a fixed low and a fixed high beta, and ``--kl-ctrl adaptive`` starting from
-each. The controller is slime/utils/kl_controller.py, the file the slime PR ships; the KL it reads is each
-sample's per-token mean, averaged over samples.
+This runtime's PPO (``train.py``: policy, critic and a frozen reference of the same start) with the controller
+file the slime PR ships (slime/utils/kl_controller.py). The reward is the share of vowels in the answer, which
+pulls the policy away from the reference; the only brake is the reward-side KL, ``r_t - beta * KL_t``. The KL
+is the controller's input: each sample's per-token mean, averaged over samples (``kl/observed_sample_mean``).
+
+Two phases, one run of this script:
+
+1. sweep: fixed ``beta`` over ``--sweep`` x ``--seeds``. A fixed ``beta`` first holds the KL at a plateau, and
+   below about 0.1 the policy later runs away to all-vowel answers (KL about 3.7). For each target, the
+   reference ``beta`` is the swept one whose plateau (median KL over steps steps/10..steps/3) is nearest the
+   target; the best fixed ``beta`` (the report) is the one with the smallest second-half score.
+2. starts: for each target, ``beta`` 10x below and 10x above the reference, each run fixed and adaptive
+   (``--kl-target``, ``--kl-horizon``) on every seed.
+
+The score of a run against a target: ``mean |KL/target - 1|`` over the second half of its steps.
 
     python benchmarks/adaptive_kl_ppo.py --out outputs/adaptive_kl_bench
 
-Writes ``{out}/seed{N}/{ctrl}_{beta}/metrics.jsonl`` and prints the table of docs/en/advanced/adaptive-kl.md.
+Every run appends one row (flags, seed, load, wall time, per-step KL / coefficient / reward) to
+``{results}/runs.jsonl``; benchmarks/adaptive_kl_ppo_report.py then writes the tables, the measurements and the
+plot (docs/en/advanced/adaptive-kl.md shows them). ``--workers 2`` runs two train.py processes at a time.
 The helpers (reward, data, argv) are shared with tests/test_adaptive_kl_integration.py.
 """
 
@@ -16,11 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from pathlib import Path
 
 TARGET_CHARS = "aeiou"
 PROMPTS = ["Write:", "Say it:", "Go:", "Answer:", "Type:", "Reply:", "Now:", "Next:"]
+KL_KEY = "kl/observed_sample_mean"  # each sample's per-token mean, averaged over samples: the controller's input
+REPO = Path(__file__).resolve().parents[1]
 
 
 async def share_of_vowels(args, sample, **kwargs) -> float:
@@ -43,14 +59,19 @@ def write_task(root: Path) -> tuple[Path, Path]:
 
 
 def train_argv(model: Path, data: Path, out: Path, *, ctrl: str, num_rollout: int, kl_coef: float,
-               kl_target: float, horizon: float, estimator: str = "ppo", lr: float = 2e-2, seed: int = 7) -> list[str]:
-    """train.py flags of one run: 8 prompts x 2 samples, 8 new tokens each, one optimizer step per batch."""
+               kl_target: float, horizon: float, estimator: str = "ppo", lr: float = 2e-2, seed: int = 7,
+               prompts: int = 8, samples_per_prompt: int = 2, response_len: int = 8) -> list[str]:
+    """train.py flags of one run: ``prompts`` x ``samples_per_prompt`` samples of ``response_len`` new tokens,
+    one optimizer step per batch."""
+    batch = prompts * samples_per_prompt
     argv = [
         "--hf-checkpoint", str(model), "--prompt-data", str(data), "--apply-chat-template",
         "--custom-rm-path", "benchmarks.adaptive_kl_ppo.share_of_vowels",
         "--advantage-estimator", estimator, "--num-rollout", str(num_rollout),
-        "--rollout-batch-size", "8", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-        "--global-batch-size", "16", "--micro-batch-size", "16", "--rollout-seed", str(seed), "--seed", str(seed),
+        "--rollout-batch-size", str(prompts), "--n-samples-per-prompt", str(samples_per_prompt),
+        "--rollout-max-response-len", str(response_len),
+        "--global-batch-size", str(batch), "--micro-batch-size", str(batch),
+        "--rollout-seed", str(seed), "--seed", str(seed),
         "--lr", str(lr), "--critic-lr", str(lr), "--actor-num-gpus-per-node", "1",
         "--kl-coef", str(kl_coef), "--kl-ctrl", ctrl, "--kl-ctrl-unit", "token",
         "--metrics-dir", str(out),
@@ -60,62 +81,176 @@ def train_argv(model: Path, data: Path, out: Path, *, ctrl: str, num_rollout: in
     return argv
 
 
-KL_KEY = "kl/observed_sample_mean"  # each sample's per-token mean, averaged over samples: the controller's input
-
-
 def relative_deviation(kls: list[float], target: float) -> float:
     """Mean of |KL / target - 1| over the given steps."""
     return sum(abs(k / target - 1.0) for k in kls) / len(kls)
 
 
-def summarize(records: list[dict], target: float) -> dict:
-    """Second-half deviation from the target, first step with KL >= target (None: never), second-half reward."""
-    half = records[len(records) // 2:]
-    first = next((r["step"] for r in records if r[KL_KEY] >= target), None)
-    return {"dev": relative_deviation([r[KL_KEY] for r in half], target), "first": first,
-            "reward": sum(r["rollout/reward"] for r in half) / len(half), "kl": sum(r[KL_KEY] for r in half) / len(half),
-            "coef_end": records[-1]["kl_ctrl/coef"]}
+def second_half(values: list) -> list:
+    return values[len(values) // 2:]
+
+
+def _loadavg() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return None
+
+
+def run_one(job: dict) -> dict:
+    """One train.py run (in this process); returns its results row with the per-step series."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import train
+    from slime.utils.metrics import read_metrics
+
+    out = Path(job["run_dir"])
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    argv = train_argv(Path(job["model"]), Path(job["data"]), out, ctrl=job["ctrl"], num_rollout=job["steps"],
+                      kl_coef=job["coef"], kl_target=job["target"] or 1.0, horizon=job["horizon"], lr=job["lr"],
+                      seed=job["seed"], prompts=job["prompts"], samples_per_prompt=job["samples"],
+                      response_len=job["response_len"])
+    load_before, t0 = _loadavg(), time.perf_counter()
+    rc = train.main(argv)
+    wall = time.perf_counter() - t0
+    if rc:
+        raise RuntimeError(f"train.py exited with {rc} for {job['name']} (logs above); see {out}")
+    records = read_metrics(out / "metrics.jsonl")
+    row = {k: v for k, v in job.items() if k not in ("model", "data", "run_dir")}
+    row.update({
+        "wall_s": round(wall, 1), "load_before": load_before, "load_after": _loadavg(),
+        "step_s": [r.get("time/step") for r in records],
+        "kl": [r[KL_KEY] for r in records],
+        "beta": [r.get("kl_ctrl/coef_used", job["coef"]) for r in records],
+        "reward": [r["rollout/reward"] for r in records],
+    })
+    return row
+
+
+class Runner:
+    """Runs jobs one at a time here, or in two worker processes (each keeps its own Ray up between its runs),
+    appending each finished row to ``results``. Rows of ``reused`` stand in for the fixed runs they match."""
+
+    def __init__(self, workers: int, results: Path, reused: list[dict]):
+        self.results, self.reused, self.pool = results, reused, None
+        if workers > 1:
+            import multiprocessing as mp
+
+            self.pool = mp.get_context("spawn").Pool(workers)
+
+    def _record(self, row: dict) -> None:
+        with self.results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        kl = second_half(row["kl"])
+        print(f"[adaptive_kl_ppo] {row['name']}: {row['wall_s']} s, second-half KL {sum(kl) / len(kl):.3f}",
+              flush=True)
+
+    def run(self, jobs: list[dict]) -> list[dict]:
+        rows, todo = [], []
+        for job in jobs:
+            old = next((r for r in self.reused if all(r.get(k) == job[k] for k in REUSE_KEYS)), None)
+            if old is None:
+                todo.append(job)
+            else:
+                rows.append({**old, "phase": job["phase"], "reused": True})
+                self._record(rows[-1])
+        for row in (self.pool.imap_unordered(run_one, todo) if self.pool else map(run_one, todo)):
+            rows.append(row)
+            self._record(row)
+        return rows
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()  # let the workers exit on their own (their Ray shuts down at exit)
+            self.pool.join()
+
+
+# A fixed run is reused from --reuse-fixed when all of these match.
+REUSE_KEYS = ("ctrl", "coef", "seed", "steps", "lr", "prompts", "samples", "response_len")
+
+
+def plateau(row: dict) -> float:
+    """Median KL over steps steps/10 .. steps/3: the level a fixed ``beta`` holds before any runaway."""
+    kl = row["kl"][len(row["kl"]) // 10: max(len(row["kl"]) // 3, len(row["kl"]) // 10 + 1)]
+    return sorted(kl)[len(kl) // 2]
+
+
+def reference_beta(rows: list[dict], target: float) -> float:
+    """The swept fixed ``beta`` whose plateau KL (geometric mean over seeds) is nearest ``target`` in log."""
+    by_coef: dict[float, list[float]] = {}
+    for row in rows:
+        by_coef.setdefault(row["coef"], []).append(math.log(max(plateau(row), 1e-6)))
+    return min(by_coef, key=lambda c: abs(sum(by_coef[c]) / len(by_coef[c]) - math.log(target)))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="outputs/adaptive_kl_bench")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--out", default="outputs/adaptive_kl_bench", help="run folders (metrics.jsonl of each run)")
+    p.add_argument("--results", default="benchmarks/results/adaptive_kl_ppo",
+                   help="runs.jsonl, tables.md and summary.json go here")
+    p.add_argument("--plot", default="docs/en/assets/adaptive_kl_ppo.png")
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--coef-low", type=float, default=0.02, help="the low fixed beta and one adaptive start")
-    p.add_argument("--coef-high", type=float, default=0.2, help="the high fixed beta and the other adaptive start")
-    p.add_argument("--kl-target", type=float, default=0.3, help="per-sample mean KL per token, averaged over samples")
-    p.add_argument("--kl-horizon", type=float, default=32, help="16 samples per batch: clip 0.2 -> +-10%% a step")
+    p.add_argument("--targets", type=float, nargs="+", default=[0.1, 0.4],
+                   help="per-sample mean KL per token, averaged over samples")
+    p.add_argument("--sweep", type=float, nargs="+", default=[0.06, 0.08, 0.1, 0.13],
+                   help="fixed coefficients: the best per target, and the reference the starts are set from")
+    p.add_argument("--start-factor", type=float, default=10.0,
+                   help="adaptive (and fixed) starts at reference / f and reference * f")
+    p.add_argument("--kl-horizon", type=float, default=256)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--samples-per-prompt", type=int, default=8)
+    p.add_argument("--response-len", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-2)
+    p.add_argument("--workers", type=int, default=1, choices=(1, 2), help="train.py processes at a time")
+    p.add_argument("--reuse-fixed", default=None,
+                   help="a results folder of an earlier run: its fixed runs with the same flags and seed are reused")
     a = p.parse_args(argv)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import train
-    from slime.utils.metrics import read_metrics
-
-    out = Path(a.out)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    out, results = Path(a.out).resolve(), Path(a.results)
+    results.mkdir(parents=True, exist_ok=True)
+    runs_file = results / "runs.jsonl"
+    runs_file.unlink(missing_ok=True)
     model, data = write_task(out)
-    configs = [("fixed", a.coef_low), ("fixed", a.coef_high), ("adaptive", a.coef_low), ("adaptive", a.coef_high)]
-    rows = {}
-    for seed in a.seeds:
-        for ctrl, coef in configs:
-            run_out = out / f"seed{seed}" / f"{ctrl}_{coef:g}"
-            (run_out / "metrics.jsonl").unlink(missing_ok=True)
-            train.main(train_argv(model, data, run_out, ctrl=ctrl, num_rollout=a.steps, kl_coef=coef,
-                                  kl_target=a.kl_target, horizon=a.kl_horizon, seed=seed))
-            rows.setdefault((ctrl, coef), []).append(summarize(read_metrics(run_out / "metrics.jsonl"), a.kl_target))
+    common = {"steps": a.steps, "horizon": a.kl_horizon, "lr": a.lr, "prompts": a.prompts,
+              "samples": a.samples_per_prompt, "response_len": a.response_len, "model": str(model), "data": str(data)}
 
-    print(f"\ntarget {a.kl_target} (per-sample mean KL per token), horizon {a.kl_horizon}, {a.steps} steps, "
-          f"seeds {a.seeds}; deviation, KL and reward averaged over steps {a.steps // 2}..{a.steps - 1}")
-    print("| run | mean abs(KL/target - 1) | KL | first step KL >= target | reward | final beta |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for (ctrl, coef), per_seed in rows.items():
-        def col(key, fmt):
-            return " / ".join(fmt.format(r[key]) if r[key] is not None else "never" for r in per_seed)
+    def job(ctrl, coef, seed, target=None, phase="sweep"):
+        name = f"{ctrl}_{coef:g}" + (f"_target{target:g}" if target is not None else "") + f"_seed{seed}"
+        return {**common, "name": name, "phase": phase, "ctrl": ctrl, "coef": coef, "target": target,
+                "seed": seed, "run_dir": str(out / name)}
 
-        mean_dev = sum(r["dev"] for r in per_seed) / len(per_seed)
-        print(f"| {ctrl} beta {coef:g} | {mean_dev:.2f} ({col('dev', '{:.2f}')}) | {col('kl', '{:.3f}')} | "
-              f"{col('first', '{}')} | {col('reward', '{:.3f}')} | {col('coef_end', '{:.3g}')} |")
-    return 0
+    reused = []
+    if a.reuse_fixed:
+        old_rows = (Path(a.reuse_fixed) / "runs.jsonl").read_text().splitlines()
+        reused = [r for r in map(json.loads, old_rows) if r["ctrl"] == "fixed"]
+    runner = Runner(a.workers, runs_file, reused)
+    t0 = time.perf_counter()
+    sweep = runner.run([job("fixed", c, s) for s in a.seeds for c in a.sweep])
+    starts = {}
+    for target in a.targets:
+        ref = reference_beta(sweep, target)
+        starts[target] = (ref / a.start_factor, ref * a.start_factor)
+        print(f"[adaptive_kl_ppo] target {target:g}: the swept beta that first holds it is {ref:g}; "
+              f"starts {starts[target][0]:g} and {starts[target][1]:g}", flush=True)
+    fixed_starts = sorted({round(c, 6) for pair in starts.values() for c in pair} - set(a.sweep))
+    jobs = [job("fixed", c, s, phase="start") for s in a.seeds for c in fixed_starts]
+    jobs += [job("adaptive", round(c, 6), s, target=t, phase="start")
+             for s in a.seeds for t, pair in starts.items() for c in pair]
+    runner.run(jobs)
+    runner.close()
+    wall = time.perf_counter() - t0
+    (results / "invocation.json").write_text(json.dumps(
+        {"argv": sys.argv[1:] if argv is None else list(argv), "wall_s": round(wall, 1),
+         "targets": a.targets, "start_factor": a.start_factor, "starts": {str(t): s for t, s in starts.items()},
+         "workers": a.workers, "load_end": _loadavg()}, indent=1) + "\n")
+    print(f"[adaptive_kl_ppo] all runs: {wall:.0f} s", flush=True)
+
+    import adaptive_kl_ppo_report
+
+    return adaptive_kl_ppo_report.main(["--results", str(results), "--plot", a.plot])
 
 
 if __name__ == "__main__":
