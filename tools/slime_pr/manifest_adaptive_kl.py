@@ -68,7 +68,8 @@ _KL_CTRL_FLAGS = """\
                 help=(
                     "Target of --kl-ctrl adaptive: the KL to the reference model (estimator --kl-loss-type) in "
                     "verl's per-sample unit: each sample's mean over its response tokens (loss mask applied), "
-                    "averaged over the samples of a step. Not rollout/kl, a token mean; compare kl_ctrl/observed_kl."
+                    "averaged over the samples of a step. Not rollout/kl, a token mean; compare kl_ctrl/observed_kl. "
+                    "A per-response target (TRL, Ziegler et al.: 6) is divided by the response length here."
                 ),
             )
             parser.add_argument(
