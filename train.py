@@ -21,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime.ray.failures import describe_failure
 from slime.utils.arguments import parse_args
+from slime.utils.heartbeat import heartbeat
+
+CHECKING = "train.py: still checking the inputs; nothing is started yet"
 
 
 def _say(line: str) -> None:
@@ -37,7 +39,6 @@ def _init_ray(args):
     import ray
 
     from slime.ray.local_ray import join_with_token, registered_cluster
-    from slime.utils.heartbeat import heartbeat
 
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     start = time.monotonic()
@@ -54,6 +55,12 @@ def _init_ray(args):
         beside = f"; the Ray cluster `ray start` runs at {live} is not joined (--ray-address {live} joins it)" \
             if live else ""
         _say(f"starting a local Ray for this run ({cpus} CPUs){beside}")
+        # Its workers inherit this environment: with this checkout on PYTHONPATH they import it without a
+        # runtime_env of their own (slime.ray.actor_group.trainer_runtime_env).
+        root = str(Path(__file__).resolve().parent)
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if root not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, *paths) if p)
         with heartbeat("train.py: still starting Ray"):
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, ignore_reinit_error=True,
                      log_to_driver=True, logging_level=logging.WARNING)
@@ -108,8 +115,9 @@ def _one_line_warnings() -> None:
 
 def main(argv=None) -> int:
     _one_line_warnings()
-    args = parse_args(argv=argv)
-    from slime.launch.prepare import prepare_run
+    args = parse_args(argv=argv)  # no torch yet: a mistyped flag is answered at once
+    with heartbeat(CHECKING):
+        from slime.launch.prepare import prepare_run  # torch, transformers: seconds, more on a busy machine
 
     # Everything before Ray (checks, --dry-run's plan, output folders and their lock, preflight). A refusal or
     # the plan ends the run here with its exit code; the lock is held until the run ends.
@@ -146,6 +154,8 @@ def _launch(args, inputs) -> int:
             status = "stopped"
             raise
         except Exception as err:  # noqa: BLE001 - known failures get a paragraph; the rest keep their traceback
+            from slime.ray.failures import describe_failure
+
             message = describe_failure(args, err)
             if message is None and __name__ != "__main__":
                 raise  # in-process callers (tests) get the exception itself
@@ -188,7 +198,6 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
     from slime.rollout import debug_rollout_data, teacher_prefix
     from slime.rollout.empty_steps import EmptySteps
     from slime.rollout.trainable_samples import trainable
-    from slime.utils.heartbeat import heartbeat
     from slime.utils.kl_controller import build_kl_controller
     from slime.utils.metrics import MetricsLogger
     from slime.utils.step_metrics import rollout_metrics

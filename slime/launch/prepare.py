@@ -27,6 +27,10 @@ from slime.launch.checks import check_launch
 from slime.launch.output_paths import OutputLock, default_metrics_dir, discard_unused
 from slime.launch.plan import print_plan
 from slime.launch.preflight import Inputs, preflight
+from slime.utils.heartbeat import heartbeat
+
+# Every wait before Ray says it is one (each line after 10 s of it); a quick refusal prints only its own line.
+CHECKING = "train.py: still checking the inputs; nothing is started yet"
 
 
 @dataclass
@@ -45,7 +49,8 @@ def prepare_run(args):
     """Yields a :class:`Prepared`; the run goes on inside the ``with`` block when its ``exit_code`` is None."""
     try:
         # Plugins, data files and budgets: a misconfiguration fails here, not after Ray and the engines are up.
-        notes = check_launch(args)
+        with heartbeat(CHECKING):
+            notes = check_launch(args)
     except ArgumentError as err:
         yield _refused(err)
         return
@@ -53,7 +58,8 @@ def prepare_run(args):
         try:
             # The real run's pre-flight too (models, tokenizer, teacher, the verified --load): a plan is
             # printed only for a run that would start.
-            preflight(args)
+            with heartbeat(CHECKING):
+                preflight(args)
         except ArgumentError as err:
             yield _refused(err)
             return
@@ -77,7 +83,8 @@ def prepare_run(args):
     try:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
-            inputs = preflight(args)
+            with heartbeat(CHECKING):
+                inputs = preflight(args)
         except ArgumentError as err:
             lock.discard()  # a refused run leaves no lock, nor the folders the lock made
             discard_unused(fresh)

@@ -30,6 +30,20 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(slime.__file__)))
 
 
+def trainer_runtime_env() -> dict | None:
+    """The trainer workers' runtime_env: this package on their PYTHONPATH. None when they inherit it: a local
+    cluster this process started (its workers get this process's environment) with the package already on
+    PYTHONPATH (train.py puts it there). A runtime_env makes Ray start a dedicated worker through its agent,
+    which measured 3x the first actor's start (benchmarks/ray_start.py)."""
+    import ray
+
+    root = _package_root()
+    node = ray._private.worker._global_node  # None when connected to a cluster this process did not start
+    if node is not None and node.is_head() and root in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        return None
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}}
+
+
 def trainer_class(backend: str):
     """The per-process trainer of ``--train-backend`` (imported lazily: Megatron is optional)."""
     if backend == "megatron":
@@ -102,8 +116,7 @@ class TrainerGroup:
 
     def _start(self, args, use_gpu: bool) -> None:
         ray.get(self._pg.ready())
-        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-            p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}}
+        runtime_env = trainer_runtime_env()
         remote_cls = ray.remote(TrainerWorker)
         self._workers = [
             remote_cls.options(num_cpus=1, num_gpus=1 if use_gpu else 0, runtime_env=runtime_env,

@@ -14,10 +14,14 @@ import threading
 import time
 
 
+EVERY = 10.0  # seconds between lines, unless a caller says otherwise
+
+
 @contextlib.contextmanager
-def heartbeat(message, every: float = 10.0, stream=None):
+def heartbeat(message, every: float | None = None, stream=None):
     """``message``: the line, or a function returning it (for a count that moves)."""
     stream = stream or sys.stderr
+    every = EVERY if every is None else every
     done = threading.Event()
     start = time.monotonic()
 

@@ -1,0 +1,66 @@
+"""No wait before Ray is silent: a slow check prints ``still checking ...`` lines (one per interval), a quick
+refusal prints only its own line, and train.py answers a mistyped flag before importing torch."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train
+from slime.launch import prepare
+from slime.utils import heartbeat as heartbeat_module
+from slime.utils.heartbeat import heartbeat
+from slime.utils.tiny_models import save_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_heartbeat_prints_while_the_block_runs_and_nothing_for_a_short_one(capsys):
+    with heartbeat("waiting", every=0.02):
+        time.sleep(0.15)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 2 and all(line.startswith("waiting (") and line.endswith(" s)") for line in lines), lines
+    with heartbeat("quick", every=5):
+        pass
+    assert capsys.readouterr().err == ""
+    count = iter(range(100))
+    with heartbeat(lambda: f"made {next(count)}", every=0.02):
+        time.sleep(0.1)
+    assert capsys.readouterr().err.splitlines()[0].startswith("made 0 (")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(save_tiny_checkpoint(tmp_path_factory.mktemp("silent") / "m", hidden_size=16, num_layers=1,
+                                    num_heads=2))
+
+
+def test_a_slow_pre_flight_says_it_is_still_checking(model, tmp_path, monkeypatch, capsys):
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"input": "go", "label": "x"}\n')
+    slow, during = prepare.preflight, []
+
+    def slow_preflight(args):  # what is printed while the pre-flight runs, and only then
+        capsys.readouterr()
+        time.sleep(0.3)
+        during.extend(capsys.readouterr().err.splitlines())
+        return slow(args)
+
+    monkeypatch.setattr(prepare, "preflight", slow_preflight)
+    monkeypatch.setattr(heartbeat_module, "EVERY", 0.05)
+    code = train.main(["--hf-checkpoint", model, "--prompt-data", str(data), "--num-rollout", "1",
+                       "--allow-no-reward", "--dry-run"])
+    assert code == 0
+    assert during and all(line.startswith("train.py: still checking the inputs; nothing is started yet (")
+                          for line in during), during
+
+
+def test_a_mistyped_flag_is_answered_before_torch_is_imported():
+    code = ("import sys, train\n"
+            "try:\n    train.main(['--num-rolout', '1'])\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
+    assert "error: unrecognized arguments: --num-rolout 1 (--num-rolout: did you mean --num-rollout?)" in out.stderr
