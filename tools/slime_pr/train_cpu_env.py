@@ -38,7 +38,8 @@ PYTHON_VERSION = "3.11"
 MEGATRON_PATCH = "docker/patch/latest/megatron.patch"
 MARKER = ".slime-tcod-complete"
 PIP_NOISE = ("is ignored: it is neither a file nor a directory", "[notice]", "DEPRECATION:", "requires", "incompatible")
-# One pip call per line, in order. The last line is SGLang without its dependency tree (flashinfer, CUDA kernels...).
+# One pip call per line, in order. The last line: SGLang without its dependency tree (flashinfer, CUDA kernels...), and torch_memory_saver
+# (slime's actor imports it; its hooks are never preloaded since the harness never offloads).
 PIP_LINES: tuple[tuple[str, ...], ...] = (
     ("torch==2.14.1", "torchvision==0.29.1"),
     ("numpy<2", "transformers==5.12.1", "ray==2.60.0", "safetensors", "pyyaml", "einops", "packaging",
@@ -47,7 +48,7 @@ PIP_LINES: tuple[tuple[str, ...], ...] = (
      # what `import sglang.srt.server_args` reaches once installed --no-deps
      "triton", "pillow", "ipython", "pyzmq", "dill", "partial_json_parser", "sentencepiece", "six", "fastapi",
      "uvicorn", "psutil", "pybase64", "orjson", "msgspec", "pydantic"),
-    ("--no-deps", "sglang==0.5.15.post1"),
+    ("--no-deps", "sglang==0.5.15.post1", "torch_memory_saver==0.0.10"),
 )
 
 

@@ -1,0 +1,147 @@
+"""train_cpu.py's own logic (tools/slime_pr/): arguments, the SLIME_DIR-unchanged digest, the shims' guards and
+the packed-sequence attention shim. The cases themselves run slime's train.py for minutes: benchmarks/ and
+verify.sh's opt-in step run them, not this suite."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools/slime_pr/cpu_shims"))
+
+from slime_cpu_shims import guard, hooks  # noqa: E402
+from slime_cpu_shims.megatron import packed_causal_attention  # noqa: E402
+
+from tools.slime_pr import train_cpu  # noqa: E402
+
+
+def _slime_tree(root: Path) -> Path:
+    (root / "slime/utils").mkdir(parents=True)
+    (root / "train.py").write_text("print('train')\n")
+    (root / "slime/utils/arguments.py").write_text("")
+    return root
+
+
+def test_parse_args_takes_a_slime_tree_and_a_case(tmp_path):
+    tree = _slime_tree(tmp_path / "slime")
+    args = train_cpu.parse_args([str(tree), "--case", "pristine-grpo", "--out", str(tmp_path / "o")])
+    assert args.slime_dir == tree.resolve() and args.case == "pristine-grpo" and args.out == (tmp_path / "o").resolve()
+
+
+@pytest.mark.parametrize("argv", [["--case", "nope"], ["--case", "pristine-grpo", "--out", "{tree}/out"]])
+def test_parse_args_refuses_unknown_case_and_out_inside_the_tree(tmp_path, argv):
+    tree = _slime_tree(tmp_path / "slime")
+    with pytest.raises(SystemExit):
+        train_cpu.parse_args([str(tree), *[a.format(tree=tree) for a in argv]])
+
+
+def test_parse_args_refuses_a_folder_that_is_not_slime(tmp_path):
+    with pytest.raises(SystemExit):
+        train_cpu.parse_args([str(tmp_path), "--case", "pristine-grpo"])
+
+
+def test_tree_digest_sees_content_new_caches_and_modes_but_not_git(tmp_path):
+    tree = _slime_tree(tmp_path / "slime")
+    (tree / ".git").mkdir()
+    base = train_cpu.tree_digest(tree)
+    (tree / ".git/index").write_text("x")
+    assert train_cpu.tree_digest(tree) == base
+    (tree / "slime/__pycache__").mkdir()
+    assert train_cpu.tree_digest(tree) != base  # an empty cache folder written by a run counts
+    (tree / "slime/__pycache__").rmdir()
+    (tree / "train.py").write_text("print('changed')\n")
+    assert train_cpu.tree_digest(tree) != base
+    (tree / "train.py").write_text("print('train')\n")
+    assert train_cpu.tree_digest(tree) == base
+    (tree / "train.py").chmod(0o755)
+    assert train_cpu.tree_digest(tree) != base
+
+
+def _target(x):
+    return x + 1
+
+
+def _moved_target(x):
+    return x + 2
+
+
+def test_a_shim_refuses_a_target_whose_source_moved():
+    digest = guard.source_digest(_target)
+    guard.expect_source(_target, digest, "demo")
+    with pytest.raises(guard.ShimTargetMoved, match="demo"):
+        guard.expect_source(_moved_target, digest, "demo")
+    with pytest.raises(guard.ShimTargetMoved):
+        guard.expect_signature(_target, ["y"], "demo")
+
+
+def test_post_import_hook_runs_once_after_the_module_executes(tmp_path, monkeypatch):
+    (tmp_path / "h4_hooked_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hooks.when_imported("h4_hooked_mod", lambda m: seen.append(m.VALUE))
+    import h4_hooked_mod  # noqa: F401
+
+    assert seen == [1]
+    hooks.when_imported("h4_hooked_mod", lambda m: seen.append(2))  # already imported: at once
+    assert seen == [1, 2]
+
+
+def _reference_attention(q, k, v, scale):
+    s = q.size(0)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(s, -1)
+
+
+def test_packed_attention_is_causal_attention_inside_each_sequence_only():
+    torch.manual_seed(0)
+    lens = [3, 5, 2]
+    t, heads, groups, dim = sum(lens) + 2, 4, 2, 8  # 2 tokens of alignment padding after the last sequence
+    q, k, v = torch.randn(t, heads, dim), torch.randn(t, groups, dim), torch.randn(t, groups, dim)
+    cu = torch.tensor([0, 3, 8, 10])
+    out = packed_causal_attention(q, k, v, cu, scale=dim**-0.5)
+    assert out.shape == (t, heads * dim)
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        ref = _reference_attention(q[a:b], kk[a:b], vv[a:b], dim**-0.5)
+        torch.testing.assert_close(out[a:b], ref)
+    # a change in sequence 0 leaves sequences 1 and 2 alone
+    k2 = k.clone()
+    k2[0] += 10
+    out2 = packed_causal_attention(q, k2, v, cu, scale=dim**-0.5)
+    torch.testing.assert_close(out2[3:], out[3:])
+    assert not torch.allclose(out2[:3], out[:3])
+
+
+def test_parse_steps_reads_slime_step_lines():
+    text = "junk\n(pid=1) [2026] model.py:918 - step 3: {'train/loss': 0.5, 'train/grad_norm': 1.25}\n"
+    (step,) = train_cpu.parse_steps(text)
+    assert step == {"train/loss": 0.5, "train/grad_norm": 1.25, "_step": 3}
+
+
+def test_a_case_not_ok_ends_in_one_failed_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    tree = _slime_tree(tmp_path / "slime")
+
+    def boom(args, env):
+        raise train_cpu.CaseFailed("no steps")
+
+    monkeypatch.setitem(train_cpu.CASE_FUNCS, "pristine-grpo", boom)
+    monkeypatch.setattr(train_cpu, "harness_env", lambda args: {})
+    rc = train_cpu.main([str(tree), "--case", "pristine-grpo", "--out", str(tmp_path / "o")])
+    assert rc == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "train_cpu pristine-grpo: FAILED: no steps"
+
+
+def test_a_run_that_writes_into_the_tree_fails(tmp_path, capsys, monkeypatch):
+    tree = _slime_tree(tmp_path / "slime")
+
+    def writes(args, env):
+        (tree / "slime/leftover.pyc").write_bytes(b"x")
+        return "fine"
+
+    monkeypatch.setitem(train_cpu.CASE_FUNCS, "pristine-grpo", writes)
+    monkeypatch.setattr(train_cpu, "harness_env", lambda args: {})
+    assert train_cpu.main([str(tree), "--case", "pristine-grpo", "--out", str(tmp_path / "o")]) == 1
+    assert "changed during the run" in capsys.readouterr().out

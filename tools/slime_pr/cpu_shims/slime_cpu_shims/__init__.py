@@ -1,0 +1,12 @@
+"""The CPU shims train_cpu.py runs slime's unmodified train.py with. Each module names what it replaces; each patch
+checks its target first (guard.py) and refuses if the target moved. install() arms them all as post-import hooks."""
+
+from __future__ import annotations
+
+
+def install() -> None:
+    from slime_cpu_shims import accelerator, hooks, megatron, torch_cuda
+
+    hooks.when_imported("slime.utils.accelerator", accelerator.register)
+    hooks.when_imported("torch", torch_cuda.patch)
+    megatron.arm(hooks.when_imported)
