@@ -1,6 +1,6 @@
 """Helpers of this repository's environment adapters that need downloaded data or a game engine.
 
-The adapters follow upstream slime's contract (``examples/multi_turn_tcod/envs/common.py`` describes it):
+The adapters follow upstream slime's contract (``examples/agent_envs/puzzle.py`` describes it):
 ``build_env(sample, args)``, ``reset() -> (observation, info)``, ``step(response_text) -> (observation,
 done, info)`` with ``info["reward"]`` and ``info["success"]``, ``format_observation``, ``close`` and
 ``expert_actions``. The game receives only the action part of a reply (``reply_action``).
