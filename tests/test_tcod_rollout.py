@@ -247,8 +247,8 @@ def test_b2f_replayed_and_student_turns_share_max_turns(monkeypatch, tokenizer, 
     args = make_args(tcod_mode="b2f", tcod_eta=100, max_turns=max_turns, tcod_k_max=None)  # k(0) = 1
     expert = tasks[1]["metadata"]["expert_actions"]  # 5 actions: 4 replayed
     sample, engine = play(monkeypatch, tokenizer, args, tasks[1], step=0, policy=lambda i: "noop")
-    assert len(expert) == 5 and sample.metadata["prefix_turns"] == 4
-    assert len(engine.requests) == sample.metadata["num_turns"] == max(0, max_turns - 4)
+    assert len(expert) == 5 and sample.metadata["prefix_turns"] == min(4, max_turns)  # 3: nothing left to train
+    assert len(engine.requests) == sample.metadata["num_turns"] == max_turns - min(4, max_turns)
     assert sample.metadata["outcome"] == "max_turns" and sample.remove_sample == (max_turns < 5)
 
 

@@ -177,7 +177,7 @@ class Episode:
 
 
 async def replay_expert_prefix(ep: Episode, plan: dict):
-    """B2F: replay the first ``L - depth`` expert actions into the masked part.
+    """B2F: replay the first ``L - depth`` expert actions, at most ``max_turns``, into the masked part.
 
     Returns (replayed turns, end); ``end`` is None (the student plays on), "replay_finished" or
     "context_full". Expert actions come from ``metadata["expert_actions"]``, else ``env.expert_actions()``.
@@ -187,7 +187,7 @@ async def replay_expert_prefix(ep: Episode, plan: dict):
         actions = await ep.env_call(ep.env.expert_actions)
     if not actions:  # no expert path: the student plays the whole episode
         ep.sample.metadata["prefix_fallback"] = True
-    prefix = b2f_prefix_length(len(actions or []), plan["depth"])
+    prefix = min(b2f_prefix_length(len(actions or []), plan["depth"]), plan["max_turns"])  # the episode's cap
     if prefix:
         ep.sample.metadata["prefix_source"] = "expert"
     for i in range(prefix):
