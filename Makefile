@@ -11,27 +11,25 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test demo clean
 
-# One line per stage, each timed; the two large downloads show pip's progress bars (pip -q was silent for
-# minutes there).
-STAGE = @printf 'make venv: [%s] %s\n' "$$(date +%H:%M:%S)"
+# One timed line per stage, and one every 10 s while a quiet pip install runs (scripts/with-progress.sh):
+# measured on a fresh clone, the dependencies' stage alone took 7 minutes on a busy machine.
+STAGE = @printf '[%s] %s\n' "$$(date +%H:%M:%S)"
+PROGRESS = bash scripts/with-progress.sh
 
 $(STAMP): pyproject.toml Makefile
-	$(STAGE) "1/5 $(VENV): a virtual environment from $(PYTHON)"
+	$(STAGE) "make venv: 1/5 $(VENV): a virtual environment from $(PYTHON)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(STAGE) "2/5 pip: upgrading"
-	@$(PY) -m pip install -q --upgrade pip
+	@$(PROGRESS) "make venv: 2/5 pip: upgrading" $(PY) -m pip install -q --upgrade pip
 	@if ! $(PY) -c "import torch" 2>/dev/null && [ -n "$(TORCH_SPEC)" ]; then \
-		printf 'make venv: [%s] %s\n' "$$(date +%H:%M:%S)" "3/5 $(TORCH_SPEC): the largest download (minutes; pip's bars)"; \
-		$(PY) -m pip install --progress-bar on "$(TORCH_SPEC)"; \
-	else printf 'make venv: [%s] %s\n' "$$(date +%H:%M:%S)" "3/5 torch: already installed"; fi
+		$(PROGRESS) "make venv: 3/5 $(TORCH_SPEC), the largest download" $(PY) -m pip install -q "$(TORCH_SPEC)"; \
+	else printf '[%s] %s\n' "$$(date +%H:%M:%S)" "make venv: 3/5 torch: already installed"; fi
 	@if ! $(PY) -c "import megatron.core" 2>/dev/null && [ -n "$(MEGATRON_SPEC)" ]; then \
-		printf 'make venv: [%s] %s\n' "$$(date +%H:%M:%S)" "4/5 $(MEGATRON_SPEC)"; \
-		$(PY) -m pip install --progress-bar on "$(MEGATRON_SPEC)"; \
-	else printf 'make venv: [%s] %s\n' "$$(date +%H:%M:%S)" "4/5 megatron-core: already installed"; fi
-	$(STAGE) "5/5 this repository and its dependencies (pip install -e .[dev,envs]: transformers, ray, environments)"
-	@$(PY) -m pip install -q -e ".[dev,envs]"
+		$(PROGRESS) "make venv: 4/5 $(MEGATRON_SPEC)" $(PY) -m pip install -q "$(MEGATRON_SPEC)"; \
+	else printf '[%s] %s\n' "$$(date +%H:%M:%S)" "make venv: 4/5 megatron-core: already installed"; fi
+	@$(PROGRESS) "make venv: 5/5 this repository and its dependencies (transformers, ray, environments)" \
+		$(PY) -m pip install -q -e ".[dev,envs]"
 	@touch $(STAMP)
-	$(STAGE) "done: $(VENV) is ready"
+	$(STAGE) "make venv: done, $(VENV) is ready"
 
 venv: $(STAMP)
 

@@ -1,6 +1,6 @@
 """Where train.py's Ray start-up goes: ``ray.init`` and the first trainer-like actor, per setting we choose.
 
-    python -m benchmarks.ray_start [--repeats 3] [--variants today,no_runtime_env,...]
+    python -m benchmarks.ray_start [--repeats 3] [--variants today,no_runtime_env,...] [--png FILE]
 
 Each variant runs in a fresh Python process (a new local cluster, as each train.py run starts one) and
 reports import, ``ray.init``, the first actor's first reply (the trainer's place in a run: a worker process
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--png", help="also draw the medians as stacked bars into this file")
     args = parser.parse_args(argv)
     names = args.variants.split(",")
     results = {name: [] for name in names}
@@ -99,7 +100,29 @@ def main(argv=None) -> int:
     for name in names:
         cells = [f"{statistics.median(r[k] for r in results[name]):.1f}" for k in keys]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.png:
+        draw(results, names, args.png)
     return 0
+
+
+def draw(results: dict, names: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    left = [0.0] * len(names)
+    for key in ("import", "init", "first_actor", "shutdown"):
+        widths = [statistics.median(r[key] for r in results[name]) for name in names]
+        ax.barh(names, widths, left=left, label=key)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (median)")
+    ax.set_title("Ray start-up per setting (benchmarks/ray_start.py)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,20 @@ def test_a_mistyped_flag_is_answered_before_torch_is_imported():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
     assert "error: unrecognized arguments: --num-rolout 1 (--num-rolout: did you mean --num-rollout?)" in out.stderr
+
+
+def test_an_install_stage_prints_while_pip_runs_and_keeps_its_exit_status():
+    # make venv runs each pip install through it: pip -q alone was silent for minutes.
+    def stage(command):
+        return subprocess.run(["bash", "scripts/with-progress.sh", "make venv: 3/5 torch", "bash", "-c", command],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60, env={"PROGRESS_EVERY": "1",
+                                                                                          "PATH": "/usr/bin:/bin"})
+
+    out = stage("sleep 2.5")
+    lines = [line.split("] ", 1)[1] for line in out.stdout.splitlines()]
+    assert out.returncode == 0 and lines[0] == "make venv: 3/5 torch", out.stdout
+    assert "make venv: 3/5 torch: still running (1 s)" in lines and lines[-1].startswith("make venv: 3/5 torch: done")
+    failed = stage("exit 3")
+    assert failed.returncode == 3 and failed.stdout.splitlines()[-1].endswith("make venv: 3/5 torch: failed (exit 3)")
+    makefile = (ROOT / "Makefile").read_text()
+    assert makefile.count("$(PROGRESS) ") == 4  # every pip install: pip, torch, megatron-core, the dependencies

@@ -27,6 +27,8 @@ import types
 from pathlib import Path
 
 from examples.agent_envs import ENV_MODULES
+from examples.agent_envs.task_lengths import length_flags_problem
+from slime.utils.heartbeat import heartbeat
 
 # Command-line options forwarded to task_metadata(seed, params) of the chosen environment, with their help.
 PARAM_OPTIONS = {
@@ -44,6 +46,8 @@ PARAM_OPTIONS = {
     "objects": (int, "number of objects (textworld, default 3)"),
     "quest_length": (int, "length of the quest (textworld, default 3)"),
 }
+
+PROGRESS_EVERY = 5.0  # seconds between progress lines while tasks are made
 
 
 def task_rows(env: str, n: int, seed: int, params: dict, min_len: int = 1, max_len=None, max_tries=None,
@@ -98,6 +102,9 @@ def main(argv=None) -> int:
     if args.n < 1:
         parser.error("--n must be >= 1")
     params = {name: getattr(args, name) for name in PARAM_OPTIONS}
+    problem = length_flags_problem(args.env, params, args.min_len, args.max_len)
+    if problem:  # refused now, not after thousands of seeds
+        parser.error(problem)
     try:
         excluded = [json.loads(line) for path in args.exclude for line in open(path) if line.strip()]
         exclude = {row["label"] for row in excluded} | {json.dumps(row["input"]) for row in excluded}
@@ -108,11 +115,21 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     lengths, stats = [], {}
-    with open(tmp, "w") as handle:
-        for row in task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, stats=stats,
-                             exclude=exclude):
-            handle.write(json.dumps(row) + "\n")
-            lengths.append(len(row["metadata"]["expert_actions"]))
+
+    def progress() -> str:  # some environments take seconds per task (ScienceWorld: minutes per file)
+        if "last_seed" not in stats:
+            return f"make_data: {args.env}: loading the environment for the first task"
+        return f"make_data: {len(lengths)} of {args.n} {args.env} tasks, seeds {args.seed}..{stats['last_seed']} tried"
+
+    try:
+        with open(tmp, "w") as handle, heartbeat(progress, every=PROGRESS_EVERY):
+            for row in task_rows(args.env, args.n, args.seed, params, args.min_len, args.max_len, stats=stats,
+                                 exclude=exclude):
+                handle.write(json.dumps(row) + "\n")
+                lengths.append(len(row["metadata"]["expert_actions"]))
+    except ValueError as err:  # too few tasks in the lengths asked for: one line, no traceback
+        tmp.unlink(missing_ok=True)
+        parser.error(str(err))
     tmp.replace(out)  # write then rename: an interrupted run leaves no half file
     print(
         f"wrote {len(lengths)} {args.env} tasks to {out}: expert length min {min(lengths)} "
