@@ -36,12 +36,16 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from slime.backends.sglang_utils.launcher import find_free_port  # noqa: E402
-from slime.utils.tiny_models import save_tiny_checkpoint  # noqa: E402
+from slime.utils.tiny_models import build_tiny_model, build_tokenizer, save_tiny_checkpoint  # noqa: E402
 
 HOST = "127.0.0.1"
 # The model shape both checkpoints share (2 layers of 64, 4 heads): the trainer converts it to Megatron and back.
 MODEL_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4}
 STUDENT_SEED, TEACHER_SEED = 0, 1
+# A freshly initialised tiny model predicts nearly uniformly (log p ~ -log(vocab) everywhere), so two of them differ
+# by ~0.02 nats a token: too little for an advantage check to see a misaligned teacher. The teacher's output layer is
+# scaled up, which makes it confident (logits ~16x wider) and its reverse KL to the student large.
+TEACHER_LOGIT_SCALE = 16.0
 # gridnav tasks as the TCOD GPU test makes them (4x4 grids, expert paths of 2..MAX_TURNS moves, so B2F replays
 # a prefix at every depth), fewer of them.
 GRIDNAV = {"size": 4, "min_len": 2}
@@ -50,9 +54,15 @@ START_TIMEOUT_S = 180
 
 def make_checkpoints(out: Path, **shape) -> tuple[Path, Path]:
     """``out/student`` and ``out/teacher``: HF folders (safetensors, tokenizer, chat template) of one shape."""
+    import torch
+
     shape = {**MODEL_SHAPE, **shape}
     student = save_tiny_checkpoint(Path(out) / "student", seed=STUDENT_SEED, **shape)
-    teacher = save_tiny_checkpoint(Path(out) / "teacher", seed=TEACHER_SEED, **shape)
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=TEACHER_SEED, **shape)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(TEACHER_LOGIT_SCALE)
+    teacher = save_tiny_checkpoint(Path(out) / "teacher", model=model, tokenizer=tokenizer)
     return student, teacher
 
 

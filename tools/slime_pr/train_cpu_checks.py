@@ -1,0 +1,206 @@
+"""What the TCOD cases of ``train_cpu.py`` assert, read from what slime's ``train.py`` wrote.
+
+Inputs are slime's own debug dumps: ``--save-debug-rollout-data`` (each rollout's samples: tokens, loss masks,
+rewards, metadata) and ``--save-debug-train-data`` (per rollout and rank, after ``compute_advantages_and_returns``:
+``advantages``, ``log_probs``, ``teacher_log_probs``, ``loss_masks``). Nothing here imports the PR: the
+schedule is the formula of its docs, ``k(n) = min(k_start + n // eta, k_max)``; the turns an episode played are
+counted in its tokens (a student turn is a run of trainable tokens; B2F's replayed expert turns are masked
+``action<|im_end|>`` pieces before the first one); the teacher's log-probs are recomputed with transformers on the
+teacher checkpoint. Each check raises :class:`CheckFailed` with one line naming the rollout and what differs,
+and returns a short summary.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+
+IM_END = "<|im_end|>"
+ASSISTANT = "<|im_start|>assistant\n"
+ACTIONS = ("up", "down", "left", "right")
+# Episodes that may stop before their planned turns: the task was solved (done) or the trajectory budget ran out.
+EARLY_OUTCOMES = ("done", "context_full")
+
+
+class CheckFailed(AssertionError):
+    """A TCOD case's claim does not hold; the message is the case's one-line reason."""
+
+
+def schedule_depth(step: int, k_start: int, eta: int, k_max: int) -> int:
+    """TCOD's depth at rollout ``step`` as the PR's docs define it."""
+    return min(k_start + step // eta, k_max)
+
+
+def _load(pattern: str) -> dict[int, list[dict]]:
+    """``{rollout_id: samples}`` from slime's dumps. ``pattern`` is the flag's value: ``{rollout_id}`` (and for
+    train dumps ``{rank}``; the writing rank holds every data-parallel shard). Evaluation dumps, whose rollout
+    id is written ``eval_N``, are left out."""
+    regex = re.compile(re.escape(pattern).replace(r"\{rollout_id\}", r"(\d+)").replace(r"\{rank\}", r"\d+") + "$")
+    out = {}
+    for path in sorted(glob.glob(pattern.replace("{rollout_id}", "*").replace("{rank}", "*"))):
+        match = regex.match(path)
+        if match:
+            out.setdefault(int(match.group(1)), []).extend(torch.load(path, weights_only=False)["samples"])
+    return out
+
+
+def load_rollout_dumps(pattern: str) -> dict[int, list[dict]]:
+    return _load(pattern)
+
+
+def load_train_dumps(pattern: str) -> dict[int, list[dict]]:
+    return _load(pattern)
+
+
+def expert_actions_by_label(data_file: Path) -> dict[str, list[str]]:
+    """The tasks' expert actions, from the data file the run trained on (not from the samples)."""
+    rows = [json.loads(line) for line in Path(data_file).read_text().splitlines() if line.strip()]
+    return {row["label"]: list(row["metadata"]["expert_actions"]) for row in rows}
+
+
+def _response(sample: dict) -> tuple[list[int], list[int]]:
+    n = sample["response_length"]
+    mask = list(sample["loss_mask"]) if sample.get("loss_mask") is not None else [1] * n
+    return list(sample["tokens"][-n:]) if n else [], mask
+
+
+def played_turns(sample: dict, tokenizer) -> tuple[list[str], int]:
+    """``(replayed expert actions, student turns)`` counted in the sample's response tokens."""
+    ids, mask = _response(sample)
+    student_turns = sum(1 for m, _ in itertools.groupby(mask) if m)
+    first_trained = mask.index(1) if 1 in mask else len(mask)
+    prefix = ASSISTANT + tokenizer.decode(ids[:first_trained], skip_special_tokens=False)
+    replayed = re.findall(r"<\|im_start\|>assistant\n(?:<think>.*?</think>\s*)?(\w+)<\|im_end\|>", prefix, re.S)
+    return [a for a in replayed if a in ACTIONS], student_turns
+
+
+def check_depths(rollouts: dict[int, list[dict]], tokenizer, *, mode: str, k_start: int, eta: int, k_max: int,
+                 max_turns: int, experts: dict[str, list[str]]) -> str:
+    """Every rollout step plays TCOD's depth k(n): F2B, the student plays k(n) turns from reset (fewer only when the
+    episode ended first); B2F, the first ``max(0, L - k(n))`` expert actions are replayed, masked, then the student
+    plays to ``max_turns`` turns in all. Each step needs an episode that shows its depth in full."""
+    if not rollouts:
+        raise CheckFailed("no rollout dumps (--save-debug-rollout-data wrote nothing)")
+    seen = []
+    for step in sorted(rollouts):
+        depth = schedule_depth(step, k_start, eta, k_max)
+        full = 0
+        for i, sample in enumerate(rollouts[step]):
+            if sample.get("remove_sample"):
+                continue
+            expert = experts.get(sample["label"])
+            if expert is None:
+                raise CheckFailed(f"rollout {step} sample {i}: label not in the training data")
+            replayed, student = played_turns(sample, tokenizer)
+            prefix = max(0, len(expert) - depth) if mode == "b2f" else 0
+            planned = depth if mode == "f2b" else max_turns - prefix
+            where = f"rollout {step} (k(n)={depth}) sample {i}"
+            if replayed != expert[:prefix]:
+                raise CheckFailed(f"{where}: replayed {replayed}, expected the first {prefix} expert actions "
+                                  f"{expert[:prefix]}")
+            ended_early = (sample.get("metadata") or {}).get("outcome") in EARLY_OUTCOMES
+            if student > planned or (student < planned and not ended_early):
+                raise CheckFailed(f"{where}: the student played {student} turns, the schedule says {planned}")
+            full += student == planned
+        if not full:
+            raise CheckFailed(f"rollout {step} (k(n)={depth}): no episode played its {mode} depth in full")
+        seen.append(f"{step}:{depth}")
+    return f"depths {' '.join(seen)} ({mode})"
+
+
+@torch.no_grad()
+def teacher_response_logprobs(teacher, tokens: list[int], response_length: int) -> torch.Tensor:
+    """log p_teacher of each response token given everything before it (one unbatched forward)."""
+    ids = torch.tensor([tokens])
+    logp = torch.log_softmax(teacher(ids).logits[0, :-1].float(), dim=-1)
+    picked = logp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return picked[len(tokens) - 1 - response_length:]
+
+
+def check_opd_advantages(train: dict[int, list[dict]], rollouts: dict[int, list[dict]], teacher, *,
+                         opd_kl_coef: float, tol: float = 1e-3, min_kl: float = 0.05) -> str:
+    """Pure OPD: every sample's reward is 0 and, on its trained tokens, the advantage is
+    ``-opd_kl_coef * (log p_student - log p_teacher)`` with the teacher's log-probs recomputed here; the loss mask
+    the trainer used is the rollout's (0 on observations and replayed turns: the policy loss weights the advantages
+    by it, so masked tokens carry none). The reverse KL must be far from 0, or the check proves nothing."""
+    if sorted(train) != sorted(rollouts):
+        raise CheckFailed(f"train dumps for rollouts {sorted(train)}, rollout dumps for {sorted(rollouts)}")
+    kls, worst = [], 0.0
+    for step in sorted(train):
+        by_tokens = {tuple(s["tokens"]): s for s in rollouts[step]}
+        for i, sample in enumerate(train[step]):
+            where = f"rollout {step} train sample {i}"
+            rolled = by_tokens.get(tuple(int(t) for t in sample["tokens"]))
+            if rolled is None:
+                raise CheckFailed(f"{where}: its tokens are no sample of the rollout dump")
+            mask = torch.as_tensor(sample["loss_masks"]).bool()
+            expected_mask = [0] * len(mask) if rolled.get("remove_sample") else list(rolled["loss_mask"])
+            if mask.int().tolist() != expected_mask:
+                raise CheckFailed(f"{where}: the trainer's loss mask differs from the rollout's")
+            if float(sample.get("rewards", 0.0)) != 0.0:
+                raise CheckFailed(f"{where}: reward {sample['rewards']} (pure OPD trains on 0)")
+            if not mask.any():
+                continue
+            teacher_lp = teacher_response_logprobs(teacher, [int(t) for t in sample["tokens"]],
+                                                   int(sample["response_lengths"]))
+            student_lp = torch.as_tensor(sample["log_probs"]).float()
+            advantages = torch.as_tensor(sample["advantages"]).float()
+            expected = -opd_kl_coef * (student_lp - teacher_lp)
+            gap = (advantages - expected)[mask].abs().max().item()
+            if not math.isfinite(gap) or gap > tol:
+                raise CheckFailed(f"{where}: advantages differ from -opd_kl_coef * (log p_student - log p_teacher) "
+                                  f"by {gap:.3g} on trained tokens (tolerance {tol})")
+            worst = max(worst, gap)
+            kls.append((student_lp - teacher_lp)[mask].abs().mean().item())
+    if not kls:
+        raise CheckFailed("no trained tokens in any train dump")
+    mean_kl = sum(kls) / len(kls)
+    if mean_kl < min_kl:
+        raise CheckFailed(f"mean |log p_student - log p_teacher| is {mean_kl:.3g}: the teacher is the student")
+    return f"OPD advantages == -coef*KL on {len(kls)} samples (max gap {worst:.1e}, mean |KL| {mean_kl:.2f})"
+
+
+_STEP_LINE = re.compile(r"\bstep (\d+): (\{.*\})\s*$")
+
+
+def train_step_metrics(log_text: str) -> list[dict]:
+    """The trainer's per-step metrics, from the ``step N: {...}`` lines slime's Megatron backend logs."""
+    steps = []
+    for line in log_text.splitlines():
+        match = _STEP_LINE.search(line)
+        if match and "'train/" in match.group(2):
+            # Python writes a non-finite float bare (nan, inf): quote it for literal_eval, then read it back.
+            quoted = re.sub(r"(?<![\w'\"])(-?(?:nan|inf))\b", r"'\1'", match.group(2))
+            metrics = ast.literal_eval(quoted)
+            steps.append({k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in metrics.items()})
+    return steps
+
+
+def check_losses_finite(log_text: str, *, min_steps: int) -> str:
+    steps = train_step_metrics(log_text)
+    if len(steps) < min_steps:
+        raise CheckFailed(f"{len(steps)} training steps logged, expected at least {min_steps}")
+    for n, metrics in enumerate(steps):
+        for key, value in metrics.items():
+            if key.startswith("train/") and isinstance(value, float) and not math.isfinite(value):
+                raise CheckFailed(f"training step {n}: {key} = {value}")
+    losses = [m.get("train/loss", m.get("train/pg_loss")) for m in steps]
+    return f"{len(steps)} steps, losses finite ({', '.join(f'{x:.3g}' for x in losses if x is not None)})"
+
+
+def check_resume(first: dict[int, list[dict]], resumed: dict[int, list[dict]], *, saved_step: int) -> str:
+    """The resumed run starts at the rollout after the saved one (its depth is checked by :func:`check_depths`
+    on its own dumps) and plays no rollout the first run had already trained before the save."""
+    if not resumed:
+        raise CheckFailed("the resumed run wrote no rollout dumps")
+    start = min(resumed)
+    if start != saved_step + 1:
+        raise CheckFailed(f"the resumed run started at rollout {start}, the checkpoint was saved at {saved_step}")
+    return f"resumed at rollout {start} after the checkpoint of rollout {saved_step}"
