@@ -190,10 +190,10 @@ def harness_env(args) -> dict:
     return env
 
 
-def make_student(out: Path, seed: int = 0) -> Path:
+def make_student(out: Path, seed: int = 0, name: str = "student_hf") -> Path:
     from slime.utils.tiny_models import save_tiny_checkpoint
 
-    ckpt = out / "student_hf"
+    ckpt = out / name
     if not (ckpt / "config.json").is_file():
         save_tiny_checkpoint(ckpt, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
     return ckpt
@@ -249,7 +249,56 @@ def check_trained(run: Run, save: Path, num_rollout: int) -> str:
     return f"{len(run.steps)} steps, losses {losses}, checkpoint iter {num_rollout - 1}, {run.seconds:.0f}s"
 
 
-CASE_FUNCS = {"pristine-grpo": case_pristine_grpo}
+def case_kl_adaptive(args, env) -> str:
+    from tools.slime_pr import train_cpu_kl as K
+
+    if not (args.slime_dir / "slime/utils/kl_controller.py").is_file():
+        raise CaseFailed(f"{args.slime_dir} does not hold the KL PR (no slime/utils/kl_controller.py); port it onto a "
+                         "copy first: `python tools/slime_pr/port.py --pr adaptive-kl COPY`")
+    student = make_student(args.out)
+    ref = make_student(args.out, seed=1, name="ref_hf")  # another model as the reference: a KL from step 0 on
+    data = write_rollout_data(env, student, args.out, num_rollouts=4, prompts=2, per_prompt=2)
+    save, critic = args.out / "ckpt", args.out / "ckpt_critic"
+
+    def flags(num_rollout: int, load: bool, trace: Path) -> list[str]:
+        cfg = args.out / f"megatron_roles_{num_rollout}.yaml"  # the critic saves / loads apart from the actor
+        cfg.write_text("megatron:\n  - name: default\n    role: critic\n    overrides:\n"
+                       f"      save: {critic}\n" + (f"      load: {critic}\n" if load else "")
+                       + "  - name: default\n    role: actor\n    overrides: {}\n")
+        base = grpo_flags(student, args.out, data, num_rollout, save)
+        i = base.index("--advantage-estimator")
+        base[i + 1] = "ppo"
+        if load:
+            base[base.index("--load") + 1] = str(save)
+        ppo = ["--megatron-config-path", str(cfg), "--ref-load", str(ref), "--lr", "1e-3",
+                     "--kl-coef", str(K.KL_COEF), "--kl-ctrl", "adaptive", "--kl-target", str(K.KL_TARGET),
+                     "--kl-horizon", str(K.KL_HORIZON), "--kl-loss-type", "k1", "--gamma", "1", "--lambd", "1"]
+        return base + ppo
+
+    runs = []
+    for name, num_rollout, load in (("3 steps", 3, False), ("resume", 4, True)):
+        trace = args.out / f"kl_trace_{num_rollout}"
+        run_env = dict(env, TRAIN_CPU_KL_TRACE=str(trace))
+        run = run_train(args, run_env, Run(name, flags(num_rollout, load, trace), args.out / f"train_{num_rollout}.log"), 2)
+        require_ok(run)
+        runs.append((run, K.read_trace(trace)))
+    try:
+        (run1, rec1), (run2, rec2) = runs
+        steps1 = K.check_run(rec1, K.KL_COEF, K.KL_COEF, "run 1")
+        if len(steps1) != 3:
+            raise K.KLCheckFailed(f"run 1 made {len(steps1)} controller steps, expected 3")
+        K.check_saved_state(save, 2, steps1[-1]["after"])
+        restored = K.check_resume(rec2, steps1[-1]["after"])
+        steps2 = K.check_run(rec2, restored, K.KL_COEF, "resume")
+        if len(steps2) != 1:
+            raise K.KLCheckFailed(f"the resume made {len(steps2)} controller steps, expected 1 (rollout 3)")
+    except K.KLCheckFailed as exc:
+        raise CaseFailed(str(exc)) from None
+    return (f"coefficient {K.summary(steps1)}, resumed at {restored:.6g} -> {steps2[-1]['after']:.5g}, equal on 2 "
+            f"ranks, rewards shaped with it (fit rtol {K.FIT_RTOL}); runs {run1.seconds:.0f}s + {run2.seconds:.0f}s")
+
+
+CASE_FUNCS = {"pristine-grpo": case_pristine_grpo, "kl-adaptive": case_kl_adaptive}
 
 
 def main(argv=None) -> int:

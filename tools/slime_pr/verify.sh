@@ -17,6 +17,8 @@
 #      check_launch_flags.py (the launch script's and GPU test's flags against upstream's parsers);
 #   7. adaptive-kl: kl_bit_identity.py (CPU-CI venv): pristine/'s and ported/'s advantages, returns and KL
 #      bit-identical when nothing new is asked (ppo, grpo, reinforce_plus_plus(_baseline)).
+#   8. opt-in (VERIFY_TRAIN_CPU=1): train_cpu.py, slime's own train.py on CPU: pristine-grpo on pristine/, the
+#      PR's cases on ported/ (tcod-f2b, tcod-b2f, tcod-megatron-teacher | kl-adaptive).
 # Exit status 0 only if every step passed; the last line sums them up.
 #
 # Environment: PYTHON (default: this repo's .venv/bin/python, else python3); KEEP_TMP=1 keeps the temp dir;
@@ -25,6 +27,7 @@
 # develop this harness); the CPU-CI step's PY310 and CPU_CI_CACHE, CPU_CI_REBUILD, CPU_CI_TORCH, CPU_CI_TIMEOUT,
 # CPU_CI_PARALLEL (cpu_ci_env.py, cpu_ci.py); MEGATRON_LM_DIR (Megatron-LM at upstream's pinned commit: check the
 # launch flags) and SGLANG_SERVER_ARGS (an sglang wheel or its server_args.py, for that check's --sglang-* flags).
+# VERIFY_TRAIN_CPU=1 (with MEGATRON_LM_DIR): step 8, slime's own train.py on CPU through train_cpu.py (minutes a case).
 set -euo pipefail
 
 VERIFIED_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
@@ -229,6 +232,26 @@ if [[ $PR == adaptive-kl ]]; then
     "$VENV_PY" "$HERE/kl_bit_identity.py" compare "$TMP/identity-pristine.pt" "$TMP/identity-ported.pt" ||
         { IDENTICAL=NO && bad; }
     part "defaults bit-identical: $IDENTICAL"
+fi
+
+# ---- 8. slime's own train.py on this CPU (opt-in: VERIFY_TRAIN_CPU=1, minutes per case) ----------------
+if [[ "${VERIFY_TRAIN_CPU:-0}" == 1 ]]; then
+    step "slime's train.py on CPU: train_cpu.py (pristine-grpo on pristine/, the PR's cases on ported/)"
+    case "$PR" in
+    tcod) TRAIN_CASES=(tcod-f2b tcod-b2f tcod-megatron-teacher) ;;
+    adaptive-kl) TRAIN_CASES=(kl-adaptive) ;;
+    esac
+    TRAIN_RESULTS=()
+    for c in pristine-grpo "${TRAIN_CASES[@]}"; do
+        tree="$TMP/ported" && [[ $c != pristine-grpo ]] || tree="$TMP/pristine"
+        "$PYTHON" "$HERE/train_cpu.py" "$tree" --case "$c" --out "$TMP/train-cpu-$c" 2>&1 | tee "$TMP/train-cpu-$c.log" |
+            tail -1 || true
+        if [[ "$(tail -1 "$TMP/train-cpu-$c.log")" == "train_cpu $c: ok"* ]]; then TRAIN_RESULTS+=("$c ok"); else
+            TRAIN_RESULTS+=("$c FAILED") && bad; fi
+    done
+    part "train.py on CPU: ${TRAIN_RESULTS[*]}"
+else
+    part "train.py on CPU: not run (VERIFY_TRAIN_CPU=1 and MEGATRON_LM_DIR run it)"
 fi
 
 # ---- summary -------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 
 def install() -> None:
-    from slime_cpu_shims import accelerator, hooks, megatron, torch_cuda
+    from slime_cpu_shims import accelerator, hooks, kl_probe, megatron, slime_names, torch_cuda
 
     hooks.when_imported("slime.utils.accelerator", accelerator.register)
     hooks.when_imported("torch", torch_cuda.patch)
     megatron.arm(hooks.when_imported)
+    hooks.when_imported("slime.backends.megatron_utils.hf_to_megatron", slime_names.patch_loaders)
+    kl_probe.arm(hooks.when_imported)

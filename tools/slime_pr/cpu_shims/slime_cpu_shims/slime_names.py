@@ -1,0 +1,43 @@
+"""slime's HF -> Megatron weight loader as the local (non-TransformerEngine) layer spec needs it.
+
+Replaces nothing in slime's tree: wraps the entries of ``slime.backends.megatron_utils.hf_to_megatron._LOADERS`` for
+Qwen/Llama checkpoints. slime's loader knows TransformerEngine's fused names, where the attention's input norm lives
+in ``self_attention.linear_qkv.layer_norm_weight``; Megatron's local spec (``--transformer-impl local``, the only one
+a CPU has) names that parameter ``input_layernorm.weight``. The wrapper asks slime's loader under the TE name.
+"""
+
+from __future__ import annotations
+
+import re
+
+from slime_cpu_shims.guard import ShimTargetMoved
+
+LOCAL_TO_TE = ((re.compile(r"^(.*decoder\.layers\.\d+\.)input_layernorm\.weight$"),
+                r"\1self_attention.linear_qkv.layer_norm_weight"),)
+MODEL_TYPES = ("qwen3", "qwen2", "llama")
+
+
+def _wrap(get_hf_tensor):
+    def get_local_spec_tensor(name, reader, config):
+        for pattern, te_name in LOCAL_TO_TE:
+            name = pattern.sub(te_name, name)
+        return get_hf_tensor(name, reader, config)
+
+    get_local_spec_tensor.__wrapped__ = get_hf_tensor
+    return get_local_spec_tensor
+
+
+def patch_loaders(module) -> None:
+    from slime.backends.megatron_utils.hf_to_megatron import qwen
+
+    loaders = getattr(module, "_LOADERS", None)
+    if not isinstance(loaders, dict) or any(loaders.get(t) is not qwen.qwen_hf_tensor for t in MODEL_TYPES):
+        raise ShimTargetMoved("train_cpu shim 'local-spec names': hf_to_megatron._LOADERS no longer maps "
+                              f"{MODEL_TYPES} to qwen.qwen_hf_tensor; re-check the shim")
+    consts = qwen._attention_tensor.__code__.co_consts
+    names = {c for c in consts if isinstance(c, str)} | {x for c in consts if isinstance(c, tuple) for x in c}
+    if "self_attention.linear_qkv.layer_norm_weight" not in names:
+        raise ShimTargetMoved("train_cpu shim 'local-spec names': qwen._attention_tensor no longer reads "
+                              "self_attention.linear_qkv.layer_norm_weight; re-check the shim")
+    for t in MODEL_TYPES:
+        loaders[t] = _wrap(loaders[t])
