@@ -219,7 +219,7 @@ def test_runtime_names_match_whole_words_only():
 
 
 def test_caps_fail_when_exceeded_and_counts_are_printed(tmp_path, capsys, monkeypatch):
-    example = "x = 1\n" * 1001
+    example = "x = 1\n" * 824
     pristine, ported = _pr_trees(tmp_path, {"examples/multi_turn_tcod/rollout.py": example,
                                             "slime/rollout/tcod.py": "y = 2\n" * 151})
     monkeypatch.setattr(verify_pr, "FAILED", [])
@@ -228,10 +228,10 @@ def test_caps_fail_when_exceeded_and_counts_are_printed(tmp_path, capsys, monkey
     monkeypatch.setattr(manifest, "TEST_FILES", ())
     assert verify_pr.main([str(pristine), str(ported)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL  size: the example's Python is 1001 lines (cap 1000)" in out
+    assert "FAIL  size: the example's Python is 824 lines (cap 823)" in out
     assert "FAIL  size: +151 lines under slime/ (cap 150)" in out
-    assert "PASS  size: 2 files, +1152 lines (cap 2500)" in out
-    assert "verify_pr.py counts: example Python 1001 lines, slime/ +151 lines, total +1152 lines" in out
+    assert "PASS  size: 2 files, +975 lines (cap 2500)" in out
+    assert "verify_pr.py counts: example Python 824 lines, slime/ +151 lines, total +975 lines" in out
 
 
 # ---------------------------------------------------------------------------- cpu_ci.py: upstream's CPU CI jobs

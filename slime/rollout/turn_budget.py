@@ -5,7 +5,7 @@ depth 1 an F2B step spans many tasks' first turns. A step of a fixed number of e
 F2B one turn per episode against vanilla OPD's whole episodes: far fewer tokens per update early on.
 
 Episodes are drawn in waves. A wave holds ``ceil(remaining / cap)`` groups, where ``cap`` bounds the
-trained turns of one group (``--n-samples-per-prompt`` x the step plan's ``max_student_turns``): every
+trained turns of one group (``--n-samples-per-prompt`` x the step plan's ``max_turns``): every
 group of a wave but its last together train fewer than ``remaining`` turns, so the step ends at most one
 group past N. Which episodes a step holds depends only on their outcomes, never on timing, so a rerun
 with the same seeds draws the same episodes. The curriculum's n stays the rollout step.
@@ -37,7 +37,8 @@ def draw_turn_matched(args, rollout_id: int, data_source, play) -> tuple[list, d
     ``rollout/student_turns``, ``rollout/waves``) for its metrics row.
     """
     target = int(args.turns_per_step)
-    cap = int(args.n_samples_per_prompt) * int(episode_plan(args, rollout_id)["max_student_turns"])
+    # The plan's max_turns bounds an episode's student turns (B2F's replayed turns count towards it).
+    cap = int(args.n_samples_per_prompt) * int(episode_plan(args, rollout_id, args.max_turns)["max_turns"])
     groups, turns, waves, empty = [], 0, 0, 0
     while turns < target:
         wave = play(data_source.get_samples(wave_size(target - turns, cap)))
