@@ -69,6 +69,15 @@ def collapse_step(row: dict) -> int | None:
     return next((i for i, r in enumerate(row["reward"]) if r >= COLLAPSE_REWARD), None)
 
 
+def comeback(row: dict) -> tuple[int | None, float | None]:
+    """After a runaway, the first step whose reward is back below 0.5, and the ``beta`` used then."""
+    start = collapse_step(row)
+    if start is None:
+        return None, None
+    back = next((i for i in range(start, len(row["reward"])) if row["reward"][i] < 0.5), None)
+    return back, (None if back is None else row["beta"][back])
+
+
 def xcorr_lag(row: dict, max_lag: int = 25) -> tuple[int, float]:
     """The lag k (steps) where corr(ln beta[t], ln KL[t + k]) is most negative, over the steps after the first
     tenth of the run (step 0 has KL 0), and that correlation."""
@@ -163,6 +172,12 @@ def analyse(rows: list[dict], invocation: dict) -> dict:
         entry["lag"] = {"rise_step_reference": [rise_step(r) for r in ref_runs],
                         "xcorr_adaptive": [list(xcorr_lag(r)) for r in sorted(mine, key=lambda r: (r["coef"],
                                                                                                    r["seed"]))]}
+        entry["adaptive_path"] = {
+            f"{r['coef']:g} seed {r['seed']}": {
+                "first_step_at_target": next((i for i, k in enumerate(r["kl"]) if k >= t), None),
+                "runaway_step": collapse_step(r), "comeback_step": comeback(r)[0], "comeback_beta": comeback(r)[1],
+                "second_half_kl_over_target": [min(half(r["kl"])) / t, max(half(r["kl"])) / t]}
+            for r in sorted(mine, key=lambda r: (r["coef"], r["seed"]))}
         low = fixed_by_coef.get(starts[0], []) if starts else []
         entry["collapse_step_fixed_low_start"] = [collapse_step(r) for r in low]
         adaptive_devs = [d for label, v in entry["runs"].items() if label.startswith("adaptive") for d in v["dev"]]
@@ -216,6 +231,13 @@ def tables(summary: dict, invocation: dict) -> str:
                      + ", ".join(f"{k} ({c:.2f})" for k, c in e["lag"]["xcorr_adaptive"])
                      + f"; fixed low start {e['starts'][0] if e['starts'] else float('nan'):g} ran away at step "
                      + " / ".join(_fmt(x, "d") for x in e["collapse_step_fixed_low_start"]) + ".")
+    for t, e in summary["targets"].items():
+        for name, v in e["adaptive_path"].items():
+            lines.append(f"- target {t}, adaptive from {name}: KL first at the target at step "
+                         f"{_fmt(v['first_step_at_target'], 'd')}; ran away at step {_fmt(v['runaway_step'], 'd')}, "
+                         f"back (reward < 0.5) at step {_fmt(v['comeback_step'], 'd')} with beta "
+                         f"{_fmt(v['comeback_beta'], '.3g')}; second-half KL/target "
+                         f"{v['second_half_kl_over_target'][0]:.2f} to {v['second_half_kl_over_target'][1]:.2f}.")
     lines.append("- gain s = -d ln KL / d ln beta between plateaus: " + ", ".join(
         f"{g['between'][0]:g}-{g['between'][1]:g}: {g['s']:.1f}" for g in summary["gain"])
         + f"; fixed betas with a run that ran away: {', '.join(summary['collapsed_fixed']) or 'none'}.")
