@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.multi_turn_tcod.envs.make_data import task_rows
+from examples.agent_envs.make_data import task_rows
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
