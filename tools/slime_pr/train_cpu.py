@@ -301,6 +301,22 @@ def case_kl_adaptive(args, env) -> str:
 CASE_FUNCS = {"pristine-grpo": case_pristine_grpo, "kl-adaptive": case_kl_adaptive}
 
 
+def _tcod_case(case: str):
+    """The TCOD PR's cases live in train_cpu_tcod.py (which imports this module, so it is imported late)."""
+    def run(args, env):
+        from tools.slime_pr import train_cpu_tcod
+
+        try:
+            return train_cpu_tcod.run_case(case)(args, env)
+        except train_cpu_tcod.CaseFailed as exc:  # another class object when this file runs as __main__
+            raise CaseFailed(str(exc)) from None
+
+    return run
+
+
+CASE_FUNCS.update({case: _tcod_case(case) for case in ("tcod-f2b", "tcod-b2f", "tcod-megatron-teacher")})
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,38 @@ def teacher_response_logprobs(teacher, tokens: list[int], response_length: int) 
     return picked[len(tokens) - 1 - response_length:]
 
 
+def check_opd_rewards(rollouts: dict[int, list[dict]], teacher, *, opd_type: str, tol: float = 1e-3) -> str:
+    """Pure OPD in what the rollout hands the trainer: a sample's reward is not the environment's return
+    (``metadata["task_reward"]``, non-zero for B2F's replayed steps) but, with the teacher server, the teacher's
+    scoring of exactly the sample's tokens (its response-span log-probs equal to ours), and 0.0 with the
+    teacher in the trainer."""
+    scored = 0
+    for step in sorted(rollouts):
+        for i, sample in enumerate(rollouts[step]):
+            if sample.get("remove_sample"):
+                continue
+            where, reward = f"rollout {step} sample {i}", sample.get("reward")
+            if opd_type == "megatron":
+                if reward != 0.0:
+                    raise CheckFailed(f"{where}: reward {repr(reward)[:60]} with --opd-type megatron (pure OPD "
+                                      f"trains on 0)")
+                continue
+            entries = (reward.get("meta_info") or {}).get("input_token_logprobs") if isinstance(reward, dict) else None
+            if not entries or len(entries) != len(sample["tokens"]):
+                raise CheckFailed(f"{where}: reward is not the teacher's scoring of the sample's "
+                                  f"{len(sample['tokens'])} tokens (got {type(reward).__name__})")
+            if [int(e[1]) for e in entries] != [int(t) for t in sample["tokens"]]:
+                raise CheckFailed(f"{where}: the teacher scored other tokens than the sample's")
+            n = int(sample["response_length"])
+            served = torch.tensor([float(e[0]) for e in entries[len(entries) - n:]])
+            ours = teacher_response_logprobs(teacher, [int(t) for t in sample["tokens"]], n)
+            gap = (served - ours).abs().max().item() if n else 0.0
+            if gap > tol:
+                raise CheckFailed(f"{where}: the teacher server's log-probs differ from the teacher's by {gap:.3g}")
+            scored += 1
+    return f"rewards pure OPD ({opd_type}; {scored} teacher-scored samples)"
+
+
 def check_opd_advantages(train: dict[int, list[dict]], rollouts: dict[int, list[dict]], teacher, *,
                          opd_kl_coef: float, tol: float = 1e-3, min_kl: float = 0.05) -> str:
     """Pure OPD: every sample's reward is 0 and, on its trained tokens, the advantage is
@@ -146,6 +178,9 @@ def check_opd_advantages(train: dict[int, list[dict]], rollouts: dict[int, list[
                 raise CheckFailed(f"{where}: the trainer's loss mask differs from the rollout's")
             if float(sample.get("rewards", 0.0)) != 0.0:
                 raise CheckFailed(f"{where}: reward {sample['rewards']} (pure OPD trains on 0)")
+            raw = rolled.get("reward")
+            if not isinstance(raw, dict) and raw not in (None, 0.0):
+                raise CheckFailed(f"{where}: raw reward {raw!r} (pure OPD trains on 0)")
             if not mask.any():
                 continue
             teacher_lp = teacher_response_logprobs(teacher, [int(t) for t in sample["tokens"]],

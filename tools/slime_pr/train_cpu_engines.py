@@ -47,8 +47,9 @@ STUDENT_SEED, TEACHER_SEED = 0, 1
 # scaled up, which makes it confident (logits ~16x wider) and its reverse KL to the student large.
 TEACHER_LOGIT_SCALE = 16.0
 # gridnav tasks as the TCOD GPU test makes them (4x4 grids, expert paths of 2..MAX_TURNS moves, so B2F replays
-# a prefix at every depth), fewer of them.
-GRIDNAV = {"size": 4, "min_len": 2}
+# a prefix at every depth), fewer of them; with a reward for every step closer to the goal, so that B2F's replayed
+# expert steps earn an environment return that pure OPD must keep out of the reward.
+GRIDNAV = {"size": 4, "min_len": 2, "shaping": 0.1}
 START_TIMEOUT_S = 180
 
 
@@ -76,6 +77,7 @@ def make_gridnav_data(slime_dir: Path, out: Path, *, n_train: int = 16, n_eval: 
     for path, n, seed, extra in ((paths[0], n_train, 0, []), (paths[1], n_eval, 100000, ["--exclude", str(paths[0])])):
         cmd = [python, "-m", "examples.multi_turn_tcod.envs.make_data", "--n", str(n), "--seed", str(seed),
                "--size", str(GRIDNAV["size"]), "--min-len", str(GRIDNAV["min_len"]), "--max-len", str(max_len),
+               "--shaping", str(GRIDNAV["shaping"]),
                "--out", str(path), *extra]
         done = subprocess.run(cmd, cwd=slime_dir, env=_env_without_pythonpath(), capture_output=True, text=True)
         if done.returncode != 0:

@@ -1,0 +1,155 @@
+"""The TCOD PR's cases of ``train_cpu.py``: the PR's launch settings shrunk, run by slime's own ``train.py``.
+
+``tcod-f2b`` and ``tcod-b2f`` (teacher on an hf_engine server, ``--opd-type sglang``) and ``tcod-megatron-teacher``
+(F2B, the teacher in the trainer, ``--opd-type megatron``). Each trains a tiny Qwen3-shaped student on 2 gloo ranks
+for ``FIRST_ROLLOUTS`` rollouts with a checkpoint after each, then resumes from the last checkpoint for one more,
+with the student's rollouts served by hf_engine processes as slime's external engines (weights synced with
+``--update-weight-transport disk``). The checks (``train_cpu_checks``) read slime's own debug dumps: every step's
+depth k(n) counted in the tokens, pure OPD rewards, advantages ``-opd_kl_coef * (log p_student - log p_teacher)``
+against a teacher recomputed here, finite losses, the resume at the next step and depth.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tools.slime_pr import train_cpu_checks as checks
+from tools.slime_pr import train_cpu_engines as engines_mod
+from tools.slime_pr.train_cpu import CPU_FLAGS, CaseFailed, Run, hf_model_flags, require_ok, run_train
+
+# The GPU test's settings (tests/test_qwen3_0.6B_tcod.py: 4 turns, eta 1, so the depth grows 1, 2, 3), with
+# 16-token turns and 2 tasks x 2 samples a step.
+MAX_TURNS, TURN_LEN, ETA, K_START = 4, 16, 1, 1
+FIRST_ROLLOUTS, TOTAL_ROLLOUTS = 2, 3
+OPD_KL_COEF = 1.0
+ADVANTAGE_TOL = {"sglang": 1e-3, "megatron": 2e-3}  # the Megatron teacher's forward is another implementation
+NUM_GPUS = 2
+
+
+def _config(out: Path) -> Path:
+    # The keys of examples/multi_turn_tcod/multi_turn_tcod_config.yaml, shrunk.
+    path = out / "multi_turn_tcod_config.yaml"
+    path.write_text(f"max_turns: {MAX_TURNS}\nmax_turn_response_len: {TURN_LEN}\n"
+                    "rollout_interaction_env_path: examples.multi_turn_tcod.envs.gridnav\nenv_step_timeout: 60\n")
+    return path
+
+
+def tcod_flags(*, student: Path, train_data: Path, config: Path, out: Path, mode: str, opd_type: str,
+               num_rollout: int, load: Path, save: Path, engine_flags: list[str],
+               teacher_megatron: Path | None = None) -> list[str]:
+    """The run script's flags (examples/multi_turn_tcod/run-qwen3-8B-tcod.sh) at this size, plus the CPU ones."""
+    flags = [*hf_model_flags(student), *CPU_FLAGS,
+             "--hf-checkpoint", str(student), "--load", str(load), "--save", str(save), "--save-interval", "1",
+             "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+             "--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(NUM_GPUS),
+             "--prompt-data", str(train_data), "--input-key", "input", "--label-key", "label",
+             "--metadata-key", "metadata", "--rollout-shuffle", "--num-rollout", str(num_rollout),
+             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
+             "--micro-batch-size", "1", "--seq-length", "2048", "--rollout-max-response-len", "1024",
+             "--rollout-temperature", "1.0",
+             "--custom-generate-function-path", "examples.multi_turn_tcod.rollout.generate",
+             "--custom-config-path", str(config),
+             "--custom-rollout-log-function-path", "examples.multi_turn_tcod.metrics.log_rollout_data",
+             "--use-tcod", "--tcod-mode", mode, "--tcod-eta", str(ETA),
+             "--advantage-estimator", "grpo", "--use-opd", "--opd-type", opd_type, "--opd-kl-coef", str(OPD_KL_COEF),
+             "--entropy-coef", "0.0", "--eps-clip", "0.2",
+             "--optimizer", "adam", "--lr", "1e-5", "--lr-decay-style", "constant", "--weight-decay", "0.1",
+             "--adam-beta1", "0.9", "--adam-beta2", "0.98", "--seed", "1234",
+             *engine_flags,
+             "--update-weight-transport", "disk", "--update-weight-disk-dir", str(out / "weight_sync"),
+             "--save-debug-rollout-data", str(out / "rollout" / "{rollout_id}.pt"),
+             "--save-debug-train-data", str(out / "train" / "{rollout_id}_{rank}.pt"),
+             "--ci-test"]
+    if opd_type == "sglang":
+        flags += ["--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func",
+                  "--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards"]
+    else:
+        flags += ["--opd-teacher-load", str(teacher_megatron)]
+    return flags
+
+
+def _teacher_megatron(args, env, teacher: Path) -> Path:
+    """--opd-type megatron loads the teacher from a Megatron checkpoint: slime's own converter writes it."""
+    import subprocess
+
+    dst = args.out / "teacher_torch_dist"
+    if (dst / "latest_checkpointed_iteration.txt").is_file():
+        return dst
+    cmd = [env["TRAIN_CPU_PYTHON"], "-m", "torch.distributed.run", "--nproc-per-node", "1",
+           str(args.slime_dir / "tools/convert_hf_to_torch_dist.py"), *hf_model_flags(teacher), *CPU_FLAGS,
+           "--hf-checkpoint", str(teacher), "--save", str(dst)]
+    log = args.out / "convert_teacher.log"
+    with open(log, "w") as fh:
+        done = subprocess.run(cmd, cwd=args.out, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=900)
+    if done.returncode != 0 or not (dst / "latest_checkpointed_iteration.txt").is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise CaseFailed(f"converting the teacher to a Megatron checkpoint failed (exit {done.returncode}); {log}:\n{tail}")
+    return dst
+
+
+def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: str, experts, steps: int) -> list[str]:
+    rollouts = checks.load_rollout_dumps(str(out / "rollout" / "{rollout_id}.pt"))
+    train = checks.load_train_dumps(str(out / "train" / "{rollout_id}_{rank}.pt"))
+    return [checks.check_depths(rollouts, tokenizer, mode=mode, k_start=K_START, eta=ETA, k_max=MAX_TURNS,
+                                max_turns=MAX_TURNS, experts=experts),
+            checks.check_opd_rewards(rollouts, teacher, opd_type=opd_type),
+            checks.check_opd_advantages(train, rollouts, teacher, opd_kl_coef=OPD_KL_COEF,
+                                        tol=ADVANTAGE_TOL[opd_type]),
+            checks.check_losses_finite(run.text(), min_steps=steps)]
+
+
+def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student, teacher = engines_mod.make_checkpoints(args.out / "models")
+    train_data, _ = engines_mod.make_gridnav_data(args.slime_dir, args.out / "data", max_len=MAX_TURNS)
+    experts = checks.expert_actions_by_label(train_data)
+    config = _config(args.out)
+    teacher_megatron = _teacher_megatron(args, env, teacher) if opd_type == "megatron" else None
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    teacher_model = AutoModelForCausalLM.from_pretrained(teacher).eval()
+    save = args.out / "ckpt"
+    summary = []
+    with engines_mod.start_engines(student, teacher if opd_type == "sglang" else None, args.out / "engine_logs",
+                                   students=2) as engines:
+        common = dict(student=student, train_data=train_data, config=config, mode=mode, opd_type=opd_type,
+                      save=save, engine_flags=engines_mod.rollout_flags(engines), teacher_megatron=teacher_megatron)
+        first_out = args.out / "first"
+        first = run_train(args, env, Run("first", tcod_flags(out=first_out, num_rollout=FIRST_ROLLOUTS, load=student,
+                                                             **common), first_out / "train.log"), NUM_GPUS)
+        require_ok(first)
+        summary += _check_run(first_out, first, tokenizer, teacher_model, mode=mode, opd_type=opd_type,
+                              experts=experts, steps=FIRST_ROLLOUTS)
+        latest = save / "latest_checkpointed_iteration.txt"
+        saved = int(latest.read_text().strip()) if latest.is_file() else None
+        if saved != FIRST_ROLLOUTS - 1:
+            raise CaseFailed(f"no checkpoint of rollout {FIRST_ROLLOUTS - 1} under {save} (latest: {saved})")
+        resumed_out = args.out / "resumed"
+        resumed = run_train(args, env, Run("resumed", tcod_flags(out=resumed_out, num_rollout=TOTAL_ROLLOUTS,
+                                                                 load=save, **common), resumed_out / "train.log"),
+                            NUM_GPUS)
+        require_ok(resumed)
+        summary += _check_run(resumed_out, resumed, tokenizer, teacher_model, mode=mode, opd_type=opd_type,
+                              experts=experts, steps=TOTAL_ROLLOUTS - FIRST_ROLLOUTS)
+        summary.append(checks.check_resume(checks.load_rollout_dumps(str(first_out / "rollout" / "{rollout_id}.pt")),
+                                           checks.load_rollout_dumps(str(resumed_out / "rollout" / "{rollout_id}.pt")),
+                                           saved_step=saved))
+    (args.out / "tcod_checks.json").write_text(json.dumps(summary, indent=1))
+    first_depths, resumed_depths, advantages = summary[0], summary[4], summary[2]
+    return (f"{first_depths}, resumed {resumed_depths}; {advantages}; {summary[-1]}; "
+            f"train.py {first.seconds + resumed.seconds:.0f}s")
+
+
+def run_case(case: str):
+    """The case function ``train_cpu.CASE_FUNCS`` registers for ``case``: a failed check is the case's FAILED line."""
+    mode, opd_type = {"tcod-f2b": ("f2b", "sglang"), "tcod-b2f": ("b2f", "sglang"),
+                      "tcod-megatron-teacher": ("f2b", "megatron")}[case]
+
+    def case_func(args, env):
+        try:
+            return case_tcod(args, env, mode=mode, opd_type=opd_type)
+        except checks.CheckFailed as exc:
+            raise CaseFailed(str(exc)) from None
+
+    return case_func
