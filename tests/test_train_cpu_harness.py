@@ -145,3 +145,14 @@ def test_a_run_that_writes_into_the_tree_fails(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(train_cpu, "harness_env", lambda args: {})
     assert train_cpu.main([str(tree), "--case", "pristine-grpo", "--out", str(tmp_path / "o")]) == 1
     assert "changed during the run" in capsys.readouterr().out
+
+
+def test_cpu_torch_sends_cuda_literals_to_the_cpu_and_drops_pinning_only():
+    from slime_cpu_shims.cpu_torch import CpuTorch
+
+    t = CpuTorch(torch)
+    assert t.zeros(2, device="cuda").device.type == "cpu"
+    assert t.tensor([1], device="cuda:1").device.type == "cpu"
+    assert t.empty_like(torch.ones(2), pin_memory=True).shape == (2,)
+    assert t.device("cuda") == torch.device("cpu") and t.device("meta") == torch.device("meta")
+    assert t.float32 is torch.float32 and t.nn is torch.nn

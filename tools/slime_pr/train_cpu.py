@@ -172,7 +172,8 @@ def harness_env(args) -> dict:
         "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         "VIRTUAL_ENV": str(venv),
         "TRAIN_CPU_PYTHON": str(venv / "bin/python"),
-        "PYTHONPATH": os.pathsep.join([str(SHIMS), str(meg), str(args.slime_dir)]),
+        # SLIME_DIR before Megatron-LM, whose examples/ package would hide slime's.
+        "PYTHONPATH": os.pathsep.join([str(SHIMS), str(args.slime_dir), str(meg)]),
         # No __pycache__ written into SLIME_DIR (or the Megatron copy) by any process of the run.
         "PYTHONPYCACHEPREFIX": str(args.out / "pycache"),
         "SLIME_TRAIN_CPU_SHIMS": "1",

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 
 def install() -> None:
-    from slime_cpu_shims import accelerator, hooks, kl_probe, megatron, slime_names, torch_cuda
+    from slime_cpu_shims import accelerator, hooks, kl_probe, megatron, slime_names, slime_pinned, torch_cuda
 
     hooks.when_imported("slime.utils.accelerator", accelerator.register)
     hooks.when_imported("torch", torch_cuda.patch)
     megatron.arm(hooks.when_imported)
     hooks.when_imported("slime.backends.megatron_utils.hf_to_megatron", slime_names.patch_loaders)
     kl_probe.arm(hooks.when_imported)
+    slime_pinned.arm(hooks.when_imported)

@@ -13,6 +13,9 @@ import sys
 
 def main() -> None:
     num_gpus, train_py, *args = sys.argv[1:]
+    # `python train.py` puts train.py's folder first on sys.path, and Ray hands the driver's sys.path[0] to every
+    # worker; runpy.run_path does not, so it is put there before Ray starts.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(train_py)))
     import ray
 
     for attempt in range(3):

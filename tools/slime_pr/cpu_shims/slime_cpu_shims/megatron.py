@@ -4,7 +4,7 @@ their module is imported. Each patch checks its target's source first (guard.exp
 - megatron.core.tensor_parallel.random._set_cuda_rng_state: sets a CUDA generator's state (queued forever when CUDA
   is never initialised); here it sets the CPU generator's, which stands for the device generator on this path.
 - ``device='cuda'`` literals in the modules of CUDA_LITERAL_MODULES: those modules see a ``torch`` whose factory
-  functions and ``torch.device`` give the CPU for 'cuda' (_CpuTorch); nothing else in them changes.
+  functions and ``torch.device`` give the CPU for 'cuda' (cpu_torch.CpuTorch); nothing else in them changes.
 - megatron.core.transformer.dot_product_attention.DotProductAttention.forward: the local (non-TE) attention refuses
   packed sequences (``packed_seq_params``), and slime always trains packed (thd) batches; here causal attention runs
   per packed sequence on ``cu_seqlens`` (padded ones when given, as TE's attention reads them), via torch's SDPA.
@@ -12,6 +12,7 @@ their module is imported. Each patch checks its target's source first (guard.exp
 
 from __future__ import annotations
 
+from slime_cpu_shims.cpu_torch import CpuTorch
 from slime_cpu_shims.guard import expect_source
 
 # sha256 prefixes of the targets' source at Megatron-LM 1dcf0da with slime's megatron.patch.
@@ -78,32 +79,6 @@ def arm(when_imported) -> None:
     arm_cuda_literals(when_imported)
 
 
-def _is_cuda(dev) -> bool:
-    return isinstance(dev, str) and (dev == "cuda" or dev.startswith("cuda:"))
-
-
-class _CpuTorch:
-    """``torch`` as a few Megatron modules see it: factory calls with ``device='cuda'`` (a literal in them) and
-    ``torch.device('cuda')`` give the CPU; everything else is torch itself."""
-
-    FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like", "empty_like")
-
-    def __init__(self, torch):
-        self._torch = torch
-
-    def __getattr__(self, name):
-        attr = getattr(self._torch, name)
-        if name in self.FACTORIES:
-            def factory(*args, **kwargs):
-                if _is_cuda(kwargs.get("device")):
-                    kwargs["device"] = "cpu"
-                return attr(*args, **kwargs)
-            return factory
-        if name == "device":
-            return lambda dev=None, *a: attr("cpu") if _is_cuda(dev) else attr(dev, *a)
-        return attr
-
-
 # Modules whose literal device='cuda' tensors (found flags, norms, overflow buffers, token counts, warm-up
 # tensors, checkpoint metadata) go to the CPU.
 CUDA_LITERAL_MODULES = (
@@ -112,7 +87,8 @@ CUDA_LITERAL_MODULES = (
     "megatron.core.pipeline_parallel.schedules", "megatron.core.pipeline_parallel.utils",
     "megatron.core.tensor_parallel.data", "megatron.core.transformer.utils", "megatron.core.utils",
     "megatron.core.rerun_state_machine", "megatron.training.checkpointing",
-    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver", "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
 )
 
 
@@ -121,7 +97,7 @@ def _cpu_torch_namespace(module) -> None:
 
     if getattr(module, "torch", None) is not torch:
         raise RuntimeError(f"train_cpu shim 'cuda literals': {module.__name__} no longer imports torch as `torch`")
-    module.torch = _CpuTorch(torch)
+    module.torch = CpuTorch(torch)
 
 
 def arm_cuda_literals(when_imported) -> None:

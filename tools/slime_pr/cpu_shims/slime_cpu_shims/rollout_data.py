@@ -27,9 +27,9 @@ def main() -> None:
         samples = []
         for p in range(int(prompts)):
             messages = [{"role": "user", "content": f"grid 3x3, you at ({p % 3},{rollout_id % 3}); goal (2,2). move?"}]
-            prompt_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(prompt_ids, dict):
-                prompt_ids = prompt_ids["input_ids"]
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert all(isinstance(i, int) for i in prompt_ids), prompt_ids
             for k in range(int(per_prompt)):
                 n = rng.randint(6, 12)
                 response = [rng.choice(vocab) for _ in range(n - 1)] + [tok.eos_token_id]

@@ -71,6 +71,7 @@ def patch(torch) -> None:
     cuda.default_stream = lambda device=None: _NoStream()
     cuda.stream = lambda stream=None: contextlib.nullcontext()
     torch.Tensor.record_stream = lambda self, stream: None
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # page-locking needs a CUDA driver
     torch.Tensor.cuda = lambda self, *a, **k: self
     torch.nn.Module.cuda = lambda self, *a, **k: self
 
