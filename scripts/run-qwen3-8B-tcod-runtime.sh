@@ -152,20 +152,20 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
 fi
 # Checked here rather than by train.py, to say how to make the file. ScienceWorld numbers the variations of
 # a task by seed: 0..149 are its train split and 150..224 its dev split; some variations of the two open
-# with the same observation, which the eval file's --exclude leaves out, so the two files stay disjoint.
+# with the same observation, so the eval file is made excluding the train file's tasks: the two are disjoint.
 # make_data is a module of this checkout, so the command it prints runs from the repository root.
-need_data() {  # need_data VARIABLE PATH TASKS FIRST_SEED [MAKE_DATA_FLAGS]
+need_data() {  # need_data VARIABLE PATH TASKS FIRST_SEED [FILE_OF_TASKS_TO_LEAVE_OUT]
   [ -f "$2" ] && return 0
   local cd_repo=""
   [ "${CALLER_DIR}" = "${REPO_DIR}" ] || cd_repo="cd ${REPO_DIR} && "
   case "${TASK_ENV}" in
-    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${cd_repo}${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4}${5:+ ${5}} --out ${2}" >&2 ;;
+    scienceworld) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; make it with: ${cd_repo}${PYTHON} -m examples.agent_envs.make_data --env scienceworld --n ${3} --seed ${4}${5:+ --exclude ${5}} --out ${2}" >&2 ;;
     *) echo "run-qwen3-8B-tcod-runtime.sh: ${1}=${2} does not exist; ${TASK_ENV} tasks are rows written from its downloaded data (examples/agent_envs/README.md, ALFWorld and WebShop)" >&2 ;;
   esac
   exit 2
 }
 need_data DATA "${DATA}" 150 0
-need_data EVAL_DATA "${EVAL_DATA}" 75 150 "--exclude ${DATA}"
+need_data EVAL_DATA "${EVAL_DATA}" 75 150 "${DATA}"
 if [ "${DRY_RUN:-0}" = 1 ]; then
   # train.py's dry run checks the model folders as the real run does. Without STUDENT's weights on this
   # machine, the plan is made from its config.json (--model-config-json), or from Qwen3-8B's shape, this
