@@ -246,8 +246,12 @@ def check_trained(run: Run, save: Path, num_rollout: int) -> str:
     if not latest.is_file() or latest.read_text().strip() != str(num_rollout - 1):
         raise CaseFailed(f"no checkpoint of rollout {num_rollout - 1} under {save} "
                          f"(latest_checkpointed_iteration.txt: {latest.read_text().strip() if latest.is_file() else '-'})")
-    losses = [s.get("train/loss", s.get("train/pg_loss")) for s in run.steps]
-    return f"{len(run.steps)} steps, losses {losses}, checkpoint iter {num_rollout - 1}, {run.seconds:.0f}s"
+    if not all(s.get("train/grad_norm", 0) > 0 for s in run.steps):
+        raise CaseFailed(f"a step without a gradient: {[s.get('train/grad_norm') for s in run.steps]}")
+    losses = [f"{s.get('train/loss', float('nan')):.3g}" for s in run.steps]
+    norms = [f"{s['train/grad_norm']:.3g}" for s in run.steps]
+    return (f"{len(run.steps)} steps on 2 ranks, losses {losses}, grad norms {norms}, checkpoint iter "
+            f"{num_rollout - 1}, train.py {run.seconds:.0f}s")
 
 
 def case_kl_adaptive(args, env) -> str:
@@ -262,10 +266,12 @@ def case_kl_adaptive(args, env) -> str:
     save, critic = args.out / "ckpt", args.out / "ckpt_critic"
 
     def flags(num_rollout: int, load: bool, trace: Path) -> list[str]:
-        cfg = args.out / f"megatron_roles_{num_rollout}.yaml"  # the critic saves / loads apart from the actor
-        cfg.write_text("megatron:\n  - name: default\n    role: critic\n    overrides:\n"
+        # Role overrides through slime's own --megatron-config-path: the critic saves / loads apart from the actor,
+        # and neither offloads (slime turns --offload-train on for PPO; its torch_memory_saver needs CUDA).
+        cfg = args.out / f"megatron_roles_{num_rollout}.yaml"
+        cfg.write_text("megatron:\n  - name: default\n    role: critic\n    overrides:\n      offload_train: false\n"
                        f"      save: {critic}\n" + (f"      load: {critic}\n" if load else "")
-                       + "  - name: default\n    role: actor\n    overrides: {}\n")
+                       + "  - name: default\n    role: actor\n    overrides:\n      offload_train: false\n")
         base = grpo_flags(student, args.out, data, num_rollout, save)
         i = base.index("--advantage-estimator")
         base[i + 1] = "ppo"
