@@ -11,5 +11,6 @@ def install() -> None:
     hooks.when_imported("torch", torch_cuda.patch)
     megatron.arm(hooks.when_imported)
     hooks.when_imported("slime.backends.megatron_utils.hf_to_megatron", slime_names.patch_loaders)
+    hooks.when_imported("slime.backends.megatron_utils.megatron_to_hf", slime_names.patch_converter)
     kl_probe.arm(hooks.when_imported)
     slime_pinned.arm(hooks.when_imported)

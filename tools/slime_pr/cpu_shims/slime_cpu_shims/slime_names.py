@@ -41,3 +41,25 @@ def patch_loaders(module) -> None:
                               "self_attention.linear_qkv.layer_norm_weight; re-check the shim")
     for t in MODEL_TYPES:
         loaders[t] = _wrap(loaders[t])
+
+
+# The other direction, Megatron -> HF (slime's disk weight sync and --save-hf): slime's converters know the TE names of
+# both norms; the local spec has ``input_layernorm`` and ``pre_mlp_layernorm`` instead.
+LOCAL_TO_TE_OUT = (*LOCAL_TO_TE, (re.compile(r"^(.*decoder\.layers\.\d+\.)pre_mlp_layernorm\.weight$"),
+                                  r"\1mlp.linear_fc1.layer_norm_weight"))
+
+
+def patch_converter(module) -> None:
+    """Wrap ``megatron_to_hf._convert_to_hf_core`` (looked up by ``convert_to_hf`` at call time) to see TE names."""
+    core = getattr(module, "_convert_to_hf_core", None)
+    if core is None or "convert_to_hf" not in vars(module):
+        raise ShimTargetMoved("train_cpu shim 'local-spec names': megatron_to_hf has no _convert_to_hf_core / "
+                              "convert_to_hf any more; re-check the shim")
+
+    def convert_local_spec(args, model_name, name, param):
+        for pattern, te_name in LOCAL_TO_TE_OUT:
+            name = pattern.sub(te_name, name)
+        return core(args, model_name, name, param)
+
+    convert_local_spec.__wrapped__ = core
+    module._convert_to_hf_core = convert_local_spec
