@@ -156,3 +156,45 @@ def test_cpu_torch_sends_cuda_literals_to_the_cpu_and_drops_pinning_only():
     assert t.empty_like(torch.ones(2), pin_memory=True).shape == (2,)
     assert t.device("cuda") == torch.device("cpu") and t.device("meta") == torch.device("meta")
     assert t.float32 is torch.float32 and t.nn is torch.nn
+
+
+def _ppo_sample(coef, kl, reward=1.0):
+    """Returns of a PPO sample with gamma = lambd = 1: the sum of the rewards from each token on."""
+    rewards = [-coef * k for k in kl]
+    rewards[-1] += reward
+    returns = [sum(rewards[t:]) for t in range(len(rewards))]
+    return {"kl": kl, "returns": returns, "mask": [1.0] * len(kl)}
+
+
+def _kl_records(coefs, observed, kl_coef, shaped_with=None):
+    """Two ranks' trace of len(coefs) - 1 controller steps."""
+    recs = []
+    for k in range(len(coefs) - 1):
+        used = coefs[k] if shaped_with is None else shaped_with
+        recs.append({"event": "advantages", "samples": [_ppo_sample(used, [0.3, 0.1, 0.2, 0.5])]})
+        recs.append({"event": "step", "before": coefs[k], "after": coefs[k + 1], "observed_kl": observed[k],
+                     "target": 0.01})
+    return {0: [dict(r) for r in recs], 1: [dict(r) for r in recs]}
+
+
+def test_kl_fit_recovers_the_coefficient_that_shaped_the_returns():
+    from tools.slime_pr.train_cpu_kl import fitted_coef
+
+    assert fitted_coef([_ppo_sample(0.0437, [0.3, 0.1, 0.2, 0.5]), _ppo_sample(0.0437, [1.0, 0.0])]) == \
+        pytest.approx(0.0437, rel=1e-9)
+    assert fitted_coef([_ppo_sample(0.05, [0.0, 0.0, 0.0])]) is None
+
+
+def test_kl_checks_pass_a_controller_run_and_catch_kl_coef_used_instead():
+    from tools.slime_pr import train_cpu_kl as K
+
+    coefs = [0.05, 0.055, 0.0605, 0.06655]  # observed KL above target: the coefficient grows
+    K.check_run(_kl_records(coefs, [0.5, 0.5, 0.5], 0.05), 0.05, 0.05, "run")
+    with pytest.raises(K.KLCheckFailed, match="shaped with coefficient 0.05"):
+        K.check_run(_kl_records(coefs, [0.5, 0.5, 0.5], 0.05, shaped_with=0.05), 0.05, 0.05, "run")
+    with pytest.raises(K.KLCheckFailed, match="sign of the error"):
+        K.check_run(_kl_records(coefs, [0.5, 0.001, 0.5], 0.05), 0.05, 0.05, "run")
+    recs = _kl_records(coefs, [0.5, 0.5, 0.5], 0.05)
+    recs[1][-1]["after"] = 0.07
+    with pytest.raises(K.KLCheckFailed, match="differs across ranks"):
+        K.check_run(recs, 0.05, 0.05, "run")

@@ -267,11 +267,14 @@ def case_kl_adaptive(args, env) -> str:
 
     def flags(num_rollout: int, load: bool, trace: Path) -> list[str]:
         # Role overrides through slime's own --megatron-config-path: the critic saves / loads apart from the actor,
-        # and neither offloads (slime turns --offload-train on for PPO; its torch_memory_saver needs CUDA).
+        # and neither offloads (slime turns --offload-train on for PPO, and with it the buffers without CPU backup:
+        # both go through torch_memory_saver, which needs CUDA).
+        no_offload = "".join(f"      {k}: false\n" for k in ("offload_train", "disable_grad_buffers_cpu_backup",
+                                                                "disable_param_buffers_cpu_backup"))
         cfg = args.out / f"megatron_roles_{num_rollout}.yaml"
-        cfg.write_text("megatron:\n  - name: default\n    role: critic\n    overrides:\n      offload_train: false\n"
-                       f"      save: {critic}\n" + (f"      load: {critic}\n" if load else "")
-                       + "  - name: default\n    role: actor\n    overrides:\n      offload_train: false\n")
+        cfg.write_text("megatron:\n  - name: default\n    role: critic\n    overrides:\n" + no_offload
+                       + f"      save: {critic}\n" + (f"      load: {critic}\n" if load else "")
+                       + "  - name: default\n    role: actor\n    overrides:\n" + no_offload)
         base = grpo_flags(student, args.out, data, num_rollout, save)
         i = base.index("--advantage-estimator")
         base[i + 1] = "ppo"

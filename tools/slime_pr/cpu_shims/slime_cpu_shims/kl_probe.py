@@ -6,7 +6,7 @@ It changes no behaviour: it wraps, after their modules are imported,
   the rewards (with ``--gamma 1 --lambd 1`` a PPO return falls by ``coef * kl_t`` from token t to t+1);
 - ``slime.utils.kl_controller.step_kl_controller`` / ``restore_kl_controller`` (the KL PR's): the controller's value
   before and after each step, the observed KL and the target, and what a resume restored.
-One JSON line per call to ``TRACE/rank{RANK}.jsonl``.
+One JSON line per call to ``TRACE/rank{RANK}-{pid}.jsonl``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def _write(record: dict) -> None:
     trace = Path(os.environ["TRAIN_CPU_KL_TRACE"])
     trace.mkdir(parents=True, exist_ok=True)
     record = {"rank": int(os.environ.get("RANK", "-1")), **record}
-    with open(trace / f"rank{record['rank']}.jsonl", "a") as fh:
+    # One file per process: the critic's ranks carry the same RANK numbers as the actor's.
+    with open(trace / f"rank{record['rank']}-{os.getpid()}.jsonl", "a") as fh:
         fh.write(json.dumps(record) + "\n")
 
 
