@@ -285,19 +285,21 @@ def case_kl_adaptive(args, env) -> str:
                      "--kl-horizon", str(K.KL_HORIZON), "--kl-loss-type", "k1", "--gamma", "1", "--lambd", "1"]
         return base + ppo
 
-    runs = []
-    for name, num_rollout, load in (("3 steps", 3, False), ("resume", 4, True)):
+    def run(name: str, num_rollout: int, load: bool):
         trace = args.out / f"kl_trace_{num_rollout}"
         run_env = dict(env, TRAIN_CPU_KL_TRACE=str(trace))
-        run = run_train(args, run_env, Run(name, flags(num_rollout, load, trace), args.out / f"train_{num_rollout}.log"), 2)
-        require_ok(run)
-        runs.append((run, K.read_trace(trace)))
-    try:
-        (run1, rec1), (run2, rec2) = runs
+        r = run_train(args, run_env, Run(name, flags(num_rollout, load, trace), args.out / f"train_{num_rollout}.log"),
+                      2)
+        require_ok(r)
+        return r, K.read_trace(trace)
+
+    try:  # the first run's checks come before the resume: a wrong coefficient fails without a second run
+        run1, rec1 = run("3 steps", 3, False)
         steps1 = K.check_run(rec1, K.KL_COEF, K.KL_COEF, "run 1")
         if len(steps1) != 3:
             raise K.KLCheckFailed(f"run 1 made {len(steps1)} controller steps, expected 3")
         K.check_saved_state(save, 2, steps1[-1]["after"])
+        run2, rec2 = run("resume", 4, True)
         restored = K.check_resume(rec2, steps1[-1]["after"])
         steps2 = K.check_run(rec2, restored, K.KL_COEF, "resume")
         if len(steps2) != 1:
