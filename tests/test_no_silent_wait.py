@@ -83,3 +83,17 @@ def test_an_install_stage_prints_while_pip_runs_and_keeps_its_exit_status():
     assert failed.returncode == 3 and failed.stdout.splitlines()[-1].endswith("make venv: 3/5 torch: failed (exit 3)")
     makefile = (ROOT / "Makefile").read_text()
     assert makefile.count("$(PROGRESS) ") == 4  # every pip install: pip, torch, megatron-core, the dependencies
+
+
+def test_waiting_for_a_server_says_so(monkeypatch, capsys):
+    from slime.backends.sglang_utils import wait_healthy
+
+    def slow_wait(host, port, pid, timeout):
+        time.sleep(0.2)
+        return True
+
+    monkeypatch.setattr(wait_healthy, "wait", slow_wait)
+    monkeypatch.setattr(heartbeat_module, "EVERY", 0.05)
+    assert wait_healthy.main(["--port", "1234", "--pid", "1"]) == 0
+    assert capsys.readouterr().err.splitlines()[0].startswith("wait_healthy: the server on port 1234 is still "
+                                                               "loading (")
