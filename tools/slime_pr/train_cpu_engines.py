@@ -147,7 +147,8 @@ def _wait_healthy(engine: Engine, deadline: float) -> None:
     while time.monotonic() < deadline:
         if engine.process.poll() is not None:
             tail = engine.log.read_text()[-1500:]
-            raise RuntimeError(f"hf_engine {engine.role} exited with {engine.process.returncode}; {engine.log}:\n{tail}")
+            raise RuntimeError(f"hf_engine {engine.role} exited with {engine.process.returncode}; "
+                               f"{engine.log}:\n{tail}")
         try:
             with urllib.request.urlopen(f"{engine.url}/health_generate", timeout=30) as reply:
                 if reply.status == 200:
