@@ -297,7 +297,7 @@ def _spawn(run, world_size, tmp_path):
     out_dir.mkdir()
     args = (world_size, free_port(), run, str(save_dir), str(out_dir))
     ctx = mp.spawn(_worker, args=args, nprocs=world_size, join=False)
-    deadline = time.time() + 240
+    deadline = time.time() + 600  # generous: a loaded CI machine takes minutes to start two ranks
     while not ctx.join(timeout=5):
         if time.time() > deadline:
             for p in ctx.processes:
