@@ -3,7 +3,8 @@
 Replaces nothing in slime's tree: wraps the entries of ``slime.backends.megatron_utils.hf_to_megatron._LOADERS`` for
 Qwen/Llama checkpoints. slime's loader knows TransformerEngine's fused names, where the attention's input norm lives
 in ``self_attention.linear_qkv.layer_norm_weight``; Megatron's local spec (``--transformer-impl local``, the only one
-a CPU has) names that parameter ``input_layernorm.weight``. The wrapper asks slime's loader under the TE name.
+a CPU has) names that parameter ``input_layernorm.weight``. The wrapper asks slime's loader under the TE name. It also
+answers the PPO critic's value-head bias (see get_local_spec_tensor): slime's HF loader cannot load a critic.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ def _wrap(get_hf_tensor):
     def get_local_spec_tensor(name, reader, config):
         for pattern, te_name in LOCAL_TO_TE:
             name = pattern.sub(te_name, name)
+        if name.endswith("output_layer.bias") and "lm_head.bias" not in reader:
+            # The critic's one-output value head has a bias no HF checkpoint holds; slime's loader skips the head's
+            # weight (keeps its init) but raises on the bias. It starts at zero, as slime's own critic
+            # re-initialisation (_reinitialize_critic_output_layer) sets it.
+            import torch
+
+            return torch.zeros(1)
         return get_hf_tensor(name, reader, config)
 
     get_local_spec_tensor.__wrapped__ = get_hf_tensor
