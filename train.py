@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from slime.utils.arguments import parse_args
-from slime.utils.heartbeat import heartbeat
+from slime.utils.misc import heartbeat
 
 CHECKING = "train.py: still checking the inputs; nothing is started yet"
 

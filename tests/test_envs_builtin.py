@@ -293,10 +293,13 @@ def test_make_data_passes_this_repositorys_options(tmp_path):
     assert [r["metadata"]["seed"] for r in make_data.task_rows("hanoi", 2, 7, {"disks": 2})] == [7, 8]
 
 
-def test_make_data_fails_clearly_when_the_horizon_is_impossible(tmp_path):
-    with pytest.raises(ValueError, match="widen"):
+def test_make_data_fails_clearly_when_the_horizon_is_impossible(tmp_path, capsys):
+    # Refused when the flags are read (no seed is tried), naming the setting that can hold the length.
+    with pytest.raises(SystemExit) as exit_info:
         make_data.main(["--env", "hanoi", "--n", "2", "--out", str(tmp_path / "x.jsonl"), "--disks", "2",
                         "--min-len", "5"])
+    assert exit_info.value.code == 2
+    assert "--disks 3 or more holds 5" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
 
 

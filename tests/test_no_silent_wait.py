@@ -11,8 +11,8 @@ import pytest
 
 import train
 from slime.launch import prepare
-from slime.utils import heartbeat as heartbeat_module
-from slime.utils.heartbeat import heartbeat
+from slime.utils import misc as heartbeat_module
+from slime.utils.misc import heartbeat
 from slime.utils.tiny_models import save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_a_slow_pre_flight_says_it_is_still_checking(model, tmp_path, monkeypatc
         return slow(args)
 
     monkeypatch.setattr(prepare, "preflight", slow_preflight)
-    monkeypatch.setattr(heartbeat_module, "EVERY", 0.05)
+    monkeypatch.setattr(heartbeat_module, "HEARTBEAT_EVERY", 0.05)
     code = train.main(["--hf-checkpoint", model, "--prompt-data", str(data), "--num-rollout", "1",
                        "--allow-no-reward", "--dry-run"])
     assert code == 0
@@ -93,7 +93,7 @@ def test_waiting_for_a_server_says_so(monkeypatch, capsys):
         return True
 
     monkeypatch.setattr(wait_healthy, "wait", slow_wait)
-    monkeypatch.setattr(heartbeat_module, "EVERY", 0.05)
+    monkeypatch.setattr(heartbeat_module, "HEARTBEAT_EVERY", 0.05)
     assert wait_healthy.main(["--port", "1234", "--pid", "1"]) == 0
     assert capsys.readouterr().err.splitlines()[0].startswith("wait_healthy: the server on port 1234 is still "
                                                                "loading (")

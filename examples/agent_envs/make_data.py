@@ -28,7 +28,7 @@ from pathlib import Path
 
 from examples.agent_envs import ENV_MODULES
 from examples.agent_envs.task_lengths import length_flags_problem
-from slime.utils.heartbeat import heartbeat
+from slime.utils.misc import heartbeat
 
 # Command-line options forwarded to task_metadata(seed, params) of the chosen environment, with their help.
 PARAM_OPTIONS = {

@@ -27,7 +27,7 @@ from slime.launch.checks import check_launch
 from slime.launch.output_paths import OutputLock, default_metrics_dir, discard_unused
 from slime.launch.plan import print_plan
 from slime.launch.preflight import Inputs, preflight
-from slime.utils.heartbeat import heartbeat
+from slime.utils.misc import heartbeat
 
 # Every wait before Ray says it is one (each line after 10 s of it); a quick refusal prints only its own line.
 CHECKING = "train.py: still checking the inputs; nothing is started yet"

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pid", type=int, required=True, help="the server process to watch")
     parser.add_argument("--timeout", type=float, default=120.0)
     a = parser.parse_args(argv)
-    from slime.utils.heartbeat import heartbeat
+    from slime.utils.misc import heartbeat
 
     # A server loading its model on a busy machine takes half a minute: say so every 10 s.
     with heartbeat(f"wait_healthy: the server on port {a.port} is still loading"):
