@@ -77,8 +77,12 @@ def test_plan_needs_the_rollout_id_and_a_k_max_within_max_turns():
 
 def test_a_sample_the_curriculum_did_not_plan_fails_the_hook():
     args = SimpleNamespace(custom_generate_function_path="examples.geo3k_vlm_multi_turn.rollout.generate")
-    with pytest.raises(RuntimeError, match="did not play TCOD's curriculum for rollout 3"):
+    with pytest.raises(RuntimeError, match="multi_turn.rollout.generate did not play TCOD's curriculum for rollout 3"):
         check_episode_planned(args, Sample(metadata={"episode_plan": {"step": 2}}), rollout_id=3)
+    per_sample = Sample()
+    per_sample.generate_function_path = "my_eval.generate"  # an eval dataset's own generate function ran
+    with pytest.raises(RuntimeError, match="--use-tcod: my_eval.generate did not play"):
+        check_episode_planned(args, per_sample, rollout_id=3)
     check_episode_planned(args, Sample(metadata={"episode_plan": {"step": 3}}), rollout_id=3)
     check_episode_planned(args, Sample(), rollout_id=3, evaluation=True)
 
@@ -157,6 +161,7 @@ def make_args(**overrides):
         tcod_k_start=1,
         tcod_eta=2,
         tcod_k_max=8,
+        n_samples_per_prompt=1,
     )
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -344,10 +349,35 @@ def test_an_environment_step_past_env_step_timeout_fails_its_episode(monkeypatch
     assert "within 0.5 s (env_step_timeout)" in sample.metadata["error"] and sample.remove_sample
 
 
+def turn_seeds(engine):
+    return [r["sampling_params"]["sampling_seed"] for r in engine.requests]
+
+
 def test_each_turn_draws_with_its_own_sampling_seed(monkeypatch, tokenizer, tasks):
-    args = make_args(use_tcod=False, max_turns=3)
+    args = make_args(use_tcod=False, max_turns=3, n_samples_per_prompt=4)
     _, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: "noop", sampling={"sampling_seed": 7})
-    assert [r["sampling_params"]["sampling_seed"] for r in engine.requests] == [8, 9, 10]
+    assert turn_seeds(engine) == [11, 15, 19]  # seed + (1 + turn) * n_samples_per_prompt
+
+
+def test_b2f_student_turns_draw_past_the_seeds_of_the_replayed_turns(monkeypatch, tokenizer, tasks):
+    moves = tasks[0]["metadata"]["expert_actions"]
+    args = make_args(tcod_mode="b2f", n_samples_per_prompt=4)  # step 0: depth 1, the first L - 1 moves replayed
+    sample, engine = play(
+        monkeypatch, tokenizer, args, tasks[0], 0, lambda i: moves[-1], sampling={"sampling_seed": 7}
+    )
+    assert sample.metadata["prefix_turns"] == len(moves) - 1 and sample.metadata["outcome"] == "done"
+    assert turn_seeds(engine) == [7 + len(moves) * 4]  # the episode's turn L - 1, not its first
+
+
+def test_no_two_samples_of_a_group_draw_a_turn_with_the_same_seed(monkeypatch, tokenizer, tasks):
+    group = 4
+    args = make_args(use_tcod=False, max_turns=3, n_samples_per_prompt=group)
+    seeds = []
+    for i in range(group):  # under deterministic inference sample i of a group samples with rollout_seed + i
+        sampling = {"sampling_seed": 7 + i}
+        _, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda t: "noop", sampling=sampling)
+        seeds += turn_seeds(engine)
+    assert len(seeds) == group * 3 and len(set(seeds)) == len(seeds)
 
 
 @pytest.mark.parametrize("apply_chat_template", [False, True])
@@ -387,8 +417,10 @@ def test_a_removed_episode_replays_the_engine_s_own_routing(monkeypatch, tokeniz
     """Removed samples stay in the batch: what the engine never routed gets its routing from a prefill request."""
     broken = dict(tasks[0], metadata={**tasks[0]["metadata"], "size": 99})
     args = make_args(use_rollout_routing_replay=True, num_layers=2, moe_router_topk=2)
-    sample, engine = play(monkeypatch, tokenizer, args, broken, step=0, policy=lambda i: "noop")
+    args.router_policy = "consistent_hashing"  # the prefill lands on the engine that holds the episode's prefix
+    sample, engine = play(monkeypatch, tokenizer, args, broken, step=0, policy=lambda i: "noop", session_id="ep-7")
     assert sample.remove_sample and [r["sampling_params"]["max_new_tokens"] for r in engine.requests] == [0]
+    assert engine.headers == [{"X-SMG-Routing-Key": "ep-7"}]
     assert engine.requests[0]["input_ids"] == sample.tokens and engine.requests[0]["return_routed_experts"]
     expected = [[[t % 8, (t + 1) % 8]] * 2 for t in sample.tokens[:-1]]  # what the engine routed, not made up
     assert torch.as_tensor(sample.rollout_routed_experts).tolist() == expected

@@ -150,7 +150,10 @@ class Episode:
         params["max_new_tokens"] = min(turn_len, self.room())
         params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
         if params.get("sampling_seed") is not None:  # every turn draws differently, a rerun draws the same
-            params["sampling_seed"] = (int(params["sampling_seed"]) + 1 + turn) % SEED_MODULUS
+            # Sample i of a group draws with rollout_seed + i: a stride of the group's size keeps every turn of
+            # every sample on a seed of its own.
+            group = max(self.args.n_samples_per_prompt, getattr(self.args, "n_samples_per_eval_prompt", None) or 1)
+            params["sampling_seed"] = (int(params["sampling_seed"]) + (1 + turn) * group) % SEED_MODULUS
         payload = {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True}
         if getattr(self.args, "use_rollout_routing_replay", False):
             payload["return_routed_experts"] = True
@@ -255,7 +258,10 @@ async def route_unrouted_tokens(ep: Episode) -> None:
     episode's prompt or replayed prefix) get the engine's own routing from a prefill-only request, decoded by
     ``Sample``; an engine that returns none fails the rollout rather than replay made-up experts."""
     sample = ep.sample
-    routed = lambda: 0 if sample.rollout_routed_experts is None else len(sample.rollout_routed_experts)  # noqa: E731
+
+    def routed() -> int:
+        return 0 if sample.rollout_routed_experts is None else len(sample.rollout_routed_experts)
+
     if routed() >= len(sample.tokens) - 1 or sample.status == Sample.Status.ABORTED:
         return
     payload = {"input_ids": sample.tokens, "sampling_params": {"max_new_tokens": 0}, "return_routed_experts": True}

@@ -51,8 +51,9 @@ def check_episode_planned(args, sample, rollout_id=None, evaluation=False):
     """``--rollout-sample-hook-path`` hook: under ``--use-tcod`` a training sample must carry its rollout's plan."""
     plan = (sample.metadata or {}).get("episode_plan") or {}
     if not evaluation and plan.get("step") != rollout_id:
+        generate = getattr(sample, "generate_function_path", None) or args.custom_generate_function_path  # as run
         raise RuntimeError(
-            f"--use-tcod: {args.custom_generate_function_path} did not play TCOD's curriculum for rollout "
+            f"--use-tcod: {generate} did not play TCOD's curriculum for rollout "
             f"{rollout_id} (no metadata['episode_plan'] from slime.rollout.tcod.episode_plan); use a generate "
             "function that does, e.g. examples.multi_turn_tcod.rollout.generate."
         )

@@ -80,7 +80,8 @@ def validate_tcod_args(args):
             )
         # A generate function that never asks for its episode plan would train without the curriculum: this
         # hook fails the first rollout step then. A new list, so that the parser's default stays empty.
-        hook, hooks = "slime.rollout.tcod.check_episode_planned", getattr(args, "rollout_sample_hook_path", None) or []
+        hook = "slime.rollout.tcod.check_episode_planned"
+        hooks = getattr(args, "rollout_sample_hook_path", None) or []
         if hook not in hooks:
             args.rollout_sample_hook_path = [*hooks, hook]
     else:
