@@ -198,3 +198,13 @@ def test_kl_checks_pass_a_controller_run_and_catch_kl_coef_used_instead():
     recs[1][-1]["after"] = 0.07
     with pytest.raises(K.KLCheckFailed, match="differs across ranks"):
         K.check_run(recs, 0.05, 0.05, "run")
+
+
+def test_a_failed_train_run_is_named_in_one_line_with_its_last_error(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("start\nTraceback (most recent call last):\n  File x\nKeyError: 'output_layer.bias'\nbye\n")
+    run = train_cpu.Run("grpo", [], log, rc=1, seconds=12.0)
+    with pytest.raises(train_cpu.CaseFailed) as exc:
+        train_cpu.require_ok(run)
+    assert "\n" not in str(exc.value) and "KeyError: 'output_layer.bias'" in str(exc.value)
+    assert exc.value.detail.endswith("bye")

@@ -39,7 +39,11 @@ STEP_LINE = re.compile(r"\bstep (\d+): (\{.*\})\s*$")
 
 
 class CaseFailed(RuntimeError):
-    pass
+    """Why a case failed (one line), with optional detail (a log's tail) printed before that last line."""
+
+    def __init__(self, why: str, detail: str = ""):
+        super().__init__(why)
+        self.detail = detail
 
 
 # ------------------------------------------------------------------------------------------ arguments
@@ -157,9 +161,12 @@ def parse_steps(text: str) -> list[dict]:
 
 def require_ok(run: Run) -> None:
     if run.rc != 0:
-        tail = "\n".join(run.text().splitlines()[-40:])
+        lines = run.text().splitlines()
+        errors = [ln.strip() for ln in lines if re.search(r"(Error|Exception)\b.*:", ln) and "Warning" not in ln]
         why = "timed out" if run.rc == 124 else f"exit {run.rc}"
-        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s; log {run.log}:\n{tail}")
+        last_error = f": {errors[-1][:300]}" if errors else ""
+        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s{last_error} (log {run.log})",
+                         "\n".join(lines[-40:]))
 
 
 def harness_env(args) -> dict:
@@ -343,6 +350,8 @@ def main(argv=None) -> int:
         if after != before:
             raise CaseFailed(f"SLIME_DIR {args.slime_dir} changed during the run (digest {before[:12]} -> {after[:12]})")
     except CaseFailed as exc:
+        if exc.detail:
+            print(exc.detail, flush=True)
         print(f"train_cpu {args.case}: FAILED: {exc}", flush=True)
         return 1
     except Exception as exc:  # the harness itself (env build, a shim refusing): still one last line
