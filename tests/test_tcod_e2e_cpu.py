@@ -4,6 +4,9 @@ Faked are only the edges: student and teacher ``/generate`` servers on loopback 
 tiny bigram models), a character-level tokenizer, and the sglang / Megatron modules. The stubs live in a
 fixture: slime's modules are imported against them there and dropped again afterwards, so other tests in
 the same process see ``sys.modules`` as it was, whether sglang or Megatron is installed or not.
+
+If this test fails at import with a missing ``sglang.*`` or ``megatron.*`` name, slime's rollout or argument
+code imports something new from them: add that module and attribute to ``STUBS`` below.
 """
 
 import argparse

@@ -349,6 +349,14 @@ def test_an_environment_step_past_env_step_timeout_fails_its_episode(monkeypatch
     assert "within 0.5 s (env_step_timeout)" in sample.metadata["error"] and sample.remove_sample
 
 
+@pytest.mark.parametrize("tcod_mode", ["f2b", "b2f"])
+def test_a_turn_limit_completes_the_episode_in_either_mode(monkeypatch, tokenizer, tasks, tcod_mode):
+    """F2B's cut and B2F's max_turns both end as COMPLETED: truncated_ratio counts only the token budgets."""
+    sample, _ = play(monkeypatch, tokenizer, make_args(tcod_mode=tcod_mode), tasks[0], 0, lambda i: "noop")
+    assert sample.metadata["outcome"] == {"f2b": "cut", "b2f": "max_turns"}[tcod_mode]
+    assert sample.status == Sample.Status.COMPLETED
+
+
 def turn_seeds(engine):
     return [r["sampling_params"]["sampling_seed"] for r in engine.requests]
 

@@ -276,6 +276,7 @@ async def route_unrouted_tokens(ep: Episode) -> None:
 STATUS = {
     "done": Sample.Status.COMPLETED,
     "cut": Sample.Status.COMPLETED,  # the curriculum's cut is a normal end
+    "max_turns": Sample.Status.COMPLETED,  # as geo3k's turn limit: TRUNCATED is left to the token budgets
     "aborted": Sample.Status.ABORTED,
     "env_error": Sample.Status.FAILED,
     "engine_abort": Sample.Status.FAILED,  # the engine aborted a request that abort() did not
