@@ -3,10 +3,8 @@
 Faked are only the edges: student and teacher ``/generate`` servers on loopback (log-probs from two seeded
 tiny bigram models), a character-level tokenizer, and the sglang / Megatron modules. The stubs live in a
 fixture: slime's modules are imported against them there and dropped again afterwards, so other tests in
-the same process see ``sys.modules`` as it was, whether sglang or Megatron is installed or not.
-
-If this test fails at import with a missing ``sglang.*`` or ``megatron.*`` name, slime's rollout or argument
-code imports something new from them: add that module and attribute to ``STUBS`` below.
+the same process see ``sys.modules`` as it was, whether sglang or Megatron is installed or not. A fixture that
+fails on a missing ``sglang.*`` or ``megatron.*`` name means slime imports something new from them: add it to STUBS.
 """
 
 import argparse

@@ -351,10 +351,9 @@ def test_an_environment_step_past_env_step_timeout_fails_its_episode(monkeypatch
 
 @pytest.mark.parametrize("tcod_mode", ["f2b", "b2f"])
 def test_a_turn_limit_completes_the_episode_in_either_mode(monkeypatch, tokenizer, tasks, tcod_mode):
-    """F2B's cut and B2F's max_turns both end as COMPLETED: truncated_ratio counts only the token budgets."""
     sample, _ = play(monkeypatch, tokenizer, make_args(tcod_mode=tcod_mode), tasks[0], 0, lambda i: "noop")
     assert sample.metadata["outcome"] == {"f2b": "cut", "b2f": "max_turns"}[tcod_mode]
-    assert sample.status == Sample.Status.COMPLETED
+    assert sample.status == Sample.Status.COMPLETED  # truncated_ratio counts only the token budgets
 
 
 def turn_seeds(engine):
@@ -370,9 +369,8 @@ def test_each_turn_draws_with_its_own_sampling_seed(monkeypatch, tokenizer, task
 def test_b2f_student_turns_draw_past_the_seeds_of_the_replayed_turns(monkeypatch, tokenizer, tasks):
     moves = tasks[0]["metadata"]["expert_actions"]
     args = make_args(tcod_mode="b2f", n_samples_per_prompt=4)  # step 0: depth 1, the first L - 1 moves replayed
-    sample, engine = play(
-        monkeypatch, tokenizer, args, tasks[0], 0, lambda i: moves[-1], sampling={"sampling_seed": 7}
-    )
+    seeded = {"sampling_seed": 7}
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: moves[-1], sampling=seeded)
     assert sample.metadata["prefix_turns"] == len(moves) - 1 and sample.metadata["outcome"] == "done"
     assert turn_seeds(engine) == [7 + len(moves) * 4]  # the episode's turn L - 1, not its first
 

@@ -149,9 +149,7 @@ class Episode:
         turn_len = getattr(self.args, "max_turn_response_len", None) or self.max_response
         params["max_new_tokens"] = min(turn_len, self.room())
         params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | {self.stop_id})
-        if params.get("sampling_seed") is not None:  # every turn draws differently, a rerun draws the same
-            # Sample i of a group draws with rollout_seed + i: a stride of the group's size keeps every turn of
-            # every sample on a seed of its own.
+        if params.get("sampling_seed") is not None:  # sample i of a group has seed + i: every turn gets its own
             group = max(self.args.n_samples_per_prompt, getattr(self.args, "n_samples_per_eval_prompt", None) or 1)
             params["sampling_seed"] = (int(params["sampling_seed"]) + (1 + turn) * group) % SEED_MODULUS
         payload = {"input_ids": self.sample.tokens, "sampling_params": params, "return_logprob": True}
