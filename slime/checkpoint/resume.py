@@ -119,8 +119,9 @@ def kl_controller_changes(folder: Path, step: int, args) -> tuple[str | None, di
     path = Path(kl_controller_state_path(str(folder), step))
     if not path.is_file():
         if args.kl_ctrl == "adaptive":
-            return ("--kl-ctrl fixed -> adaptive: the checkpoint's run kept --kl-coef fixed, so it has no KL "
-                    "controller state to resume (start a new --save folder, or drop --kl-ctrl adaptive)"), {}
+            return (f"--kl-ctrl adaptive: the checkpoint has no KL controller state file (kl_ctrl/{path.name}); "
+                    "its run kept --kl-coef fixed or predates the kl_ctrl state files, so there is no coefficient to "
+                    "resume (start a new --save folder, or drop --kl-ctrl adaptive)"), {}
         return None, {}
     try:
         state = read_json(path)
