@@ -32,7 +32,8 @@ def add_tcod_arguments(parser):
         help=(
             "'f2b': the student plays turns 1..k(n) from reset. "
             "'b2f': max(0, L - k(n)) expert turns are replayed first (L: the task's expert actions), "
-            "then the student plays on; replayed and student turns together are at most max_turns. Default is f2b."
+            "then the student plays on; replayed and student turns together are at most max_turns. "
+            "Default is f2b."
         ),
     )
     parser.add_argument(
