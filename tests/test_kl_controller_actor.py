@@ -29,6 +29,8 @@ LAYOUT = {0: [(6, 2), (3, 0)], 1: [(4, 1), (9, 3), (5, 0)]}
 KL_LEVEL = {0: 0.08, 1: 0.01}
 SAVED_ROLLOUT = 4
 FIXED = dict(kl_ctrl="fixed", kl_target=None, kl_horizon=None)  # the defaults
+# A hang fails the test after this many seconds; a slow runner only waits longer. Raise it on a loaded machine.
+DEADLINE_S = float(os.environ.get("SLIME_TEST_KL_CTRL_DEADLINE", "900"))
 
 
 def _samples(rank, rollout_id):
@@ -280,12 +282,30 @@ def _worker(rank, world_size, port, run, save_dir, out_dir):
 
     from slime.utils.distributed_utils import init_gloo_group
 
+    def mark(where):  # where this rank is, so a timeout names the rank that never got past a collective
+        with open(os.path.join(out_dir, f"rank{rank}.where"), "w") as f:
+            f.write(where)
+
+    def marked(fn, name):
+        def call(*args, **kwargs):
+            mark(f"inside {name}")
+            result = fn(*args, **kwargs)
+            mark(f"past {name}")
+            return result
+
+        return call
+
+    mark("starting")
     init_worker_process_group(rank, world_size, port)
     init_gloo_group()
     try:
-        result = globals()[run](_import_actor(), rank, save_dir)
+        actor_module = _import_actor()
+        for name in ("reduce_observed_kl", "step_kl_controller", "restore_kl_controller"):
+            setattr(actor_module, name, marked(getattr(actor_module, name), f"{name} (the KL collectives)"))
+        result = globals()[run](actor_module, rank, save_dir)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        mark("done")
     finally:
         dist.destroy_process_group()
 
@@ -297,12 +317,15 @@ def _spawn(run, world_size, tmp_path):
     out_dir.mkdir()
     args = (world_size, free_port(), run, str(save_dir), str(out_dir))
     ctx = mp.spawn(_worker, args=args, nprocs=world_size, join=False)
-    deadline = time.time() + 600  # generous: a loaded CI machine takes minutes to start two ranks
+    deadline = time.time() + DEADLINE_S
     while not ctx.join(timeout=5):
         if time.time() > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail("the ranks did not finish: one of them skipped a collective the others entered")
+            where = {r: out_dir / f"rank{r}.where" for r in range(world_size)}
+            where = {r: path.read_text() if path.exists() else "not started" for r, path in where.items()}
+            stuck = ", ".join(f"rank {r} {w}" for r, w in where.items() if w != "done")
+            pytest.fail(f"{run}: not finished after {DEADLINE_S:.0f} s (SLIME_TEST_KL_CTRL_DEADLINE): {stuck}")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)], save_dir
 
 

@@ -21,6 +21,30 @@ NUM_GPUS = 0
 SEQS = [(20, 12), (30, 25), (64, 4), (16, 10)]
 SEED = 7
 TARGET, HORIZON, INIT = 0.05, 40.0, 0.1
+# A hang fails the test after this many seconds; a slow runner only waits longer. Raise it on a loaded machine.
+DEADLINE_S = float(os.environ.get("SLIME_TEST_KL_CTRL_DEADLINE", "900"))
+
+
+def _mark(out_dir, rank, where):
+    """Record where ``rank`` is, so a test that times out can name the rank that never got past a collective."""
+    with open(os.path.join(out_dir, f"rank{rank}.where"), "w") as f:
+        f.write(where)
+
+
+def _join(ctx, world_size, out_dir, what):
+    deadline = time.time() + DEADLINE_S
+    while not ctx.join(timeout=5):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            where = [_where(out_dir, rank) for rank in range(world_size)]
+            stuck = ", ".join(f"rank {rank} {w}" for rank, w in enumerate(where) if w != "done")
+            pytest.fail(f"{what}: not finished after {DEADLINE_S:.0f} s (SLIME_TEST_KL_CTRL_DEADLINE): {stuck}")
+
+
+def _where(out_dir, rank):
+    path = os.path.join(out_dir, f"rank{rank}.where")
+    return open(path).read() if os.path.exists(path) else "not started"
 
 
 def _samples():
@@ -75,11 +99,14 @@ def _worker(rank, world_size, dp_size, cp_size, port, out_dir):
         }
         empty = any(x.numel() == 0 for x in local_kl)
         ctrl = AdaptiveKLController(INIT, TARGET, HORIZON)
-        for _ in range(3):
+        for step in range(3):
+            _mark(out_dir, rank, f"inside the KL all-reduce of step {step}")
             observed, count = reduce_observed_kl(rollout_data, group)
+            _mark(out_dir, rank, f"past the KL all-reduce of step {step}")
             ctrl.update(observed, count)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"observed": observed, "count": count, "value": ctrl.value, "empty": empty}, f)
+        _mark(out_dir, rank, "done")
     finally:
         dist.destroy_process_group()
 
@@ -98,12 +125,7 @@ def test_every_rank_updates_to_the_single_process_value(tmp_path, dp_size, cp_si
     ctx = mp.spawn(
         _worker, args=(world_size, dp_size, cp_size, _free_port(), str(tmp_path)), nprocs=world_size, join=False
     )
-    deadline = time.time() + 180
-    while not ctx.join(timeout=5):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"dp={dp_size} cp={cp_size}: the reduction did not finish (a rank skipped the all-reduce?)")
+    _join(ctx, world_size, str(tmp_path), f"dp={dp_size} cp={cp_size}")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     observed, value = _expected()
     for r in results:
@@ -128,11 +150,14 @@ def _restore_worker(rank, world_size, port, saved_dir, empty_dir, out_dir):
         # Only rank 0 can see the saved state: the others must get it from the broadcast.
         args = argparse.Namespace(load=saved_dir if rank == 0 else empty_dir, finetune=False)
         ctrl = AdaptiveKLController(INIT, TARGET, HORIZON)
+        _mark(out_dir, rank, "inside the restore's broadcast")
         state = restore_kl_controller(ctrl, args, 3, group)
         restored = ctrl.value
+        _mark(out_dir, rank, "inside the step's check")
         step_kl_controller(ctrl, 2 * TARGET, len(SEQS), check_group=group)  # asserts equal values on all ranks
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"state": state, "restored": restored, "value": ctrl.value}, f)
+        _mark(out_dir, rank, "done")
     finally:
         dist.destroy_process_group()
 
@@ -147,7 +172,7 @@ def test_resume_restores_the_rank_0_state_on_every_rank(tmp_path):
     save_kl_controller(saved, str(tmp_path / "saved"), 3)
     (tmp_path / "empty").mkdir()
     args = (2, _free_port(), str(tmp_path / "saved"), str(tmp_path / "empty"), str(tmp_path))
-    mp.spawn(_restore_worker, args=args, nprocs=2, join=True)
+    _join(mp.spawn(_restore_worker, args=args, nprocs=2, join=False), 2, str(tmp_path), "the resume")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert r["state"] == saved.state_dict() and r["restored"] == saved.value

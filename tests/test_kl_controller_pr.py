@@ -201,14 +201,18 @@ def test_validation_refuses_each_bad_setting(monkeypatch, tmp_path, overrides, f
         module.slime_validate_args(args)
 
 
-def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path):
+def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path, caplog):
     module = load_slime_arguments_module(monkeypatch)
     args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path)))
-    module.slime_validate_args(args)
+    with caplog.at_level(logging.WARNING):
+        module.slime_validate_args(args)
     assert args.kl_ctrl == "adaptive" and args.use_critic and args.kl_horizon == 10000
+    assert not [r for r in caplog.records if "--kl-horizon" in r.getMessage()]
     batch = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), rollout_batch_size=8, n_samples_per_prompt=4))
-    batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted
-    module.slime_validate_args(batch)
+    batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted, with a warning: it oscillates
+    with caplog.at_level(logging.WARNING):
+        module.slime_validate_args(batch)
+    assert [r for r in caplog.records if "--kl-horizon 32 is under 10x" in r.getMessage()]
 
 
 def test_roles_without_a_kl_controller_are_reset_to_fixed(monkeypatch):
@@ -351,6 +355,10 @@ def test_observed_kl_is_the_mean_of_per_sample_masked_means(loss_module, monkeyp
     observed, count = loss_module.reduce_observed_kl(data, group=None)
     # Samples' means 2 and 4: their mean is 3; the token mean would be 28 / 8 = 3.5. The masked 100 does not count.
     assert count == 2 and observed == pytest.approx(3.0)
+    # A removed sample (all-zero loss mask) has no KL: it is not counted as a KL of 0.
+    removed = {key: [*value, value[1]] for key, value in data.items()}
+    removed["loss_masks"][-1] = torch.zeros(6)
+    assert loss_module.reduce_observed_kl(removed, group=None) == (pytest.approx(3.0), 2)
     assert loss_module.reduce_observed_kl({}, group=None) == (None, 0)
     empty = {"kl": [], "loss_masks": [], "response_lengths": [], "total_lengths": []}
     assert loss_module.reduce_observed_kl(empty, group=None) == (None, 0)

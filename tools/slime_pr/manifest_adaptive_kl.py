@@ -78,7 +78,8 @@ _KL_CTRL_FLAGS = """\
                 default=None,
                 help=(
                     "Horizon of --kl-ctrl adaptive, in samples (default 10000): after each step the coefficient is "
-                    "multiplied by 1 + clip(observed / target - 1, -0.2, 0.2) * samples of the step / horizon."
+                    "multiplied by 1 + clip(observed / target - 1, -0.2, 0.2) * samples of the step / horizon. "
+                    "Use at least ~10-50x the samples of a step: a shorter horizon makes the coefficient oscillate."
                 ),
             )
 """
@@ -106,6 +107,8 @@ _VALIDATE = """\
                 f"--kl-horizon ({args.kl_horizon}) must be >= the samples of a step (rollout_batch_size * "
                 f"n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt})."
             )
+        if args.kl_horizon < 10 * args.rollout_batch_size * args.n_samples_per_prompt:
+            logger.warning(f"--kl-horizon {args.kl_horizon:g} is under 10x the samples of a step: it may oscillate.")
     elif args.kl_target is not None or args.kl_horizon is not None:
         raise ValueError("--kl-target and --kl-horizon are only used with --kl-ctrl adaptive.")
 
@@ -158,7 +161,8 @@ _LOSS_REDUCE_ANCHOR = _LOSS_SIGNATURE_NEW
 _LOSS_REDUCE = '''def reduce_observed_kl(rollout_data: RolloutBatch, group) -> tuple[float | None, int]:
     """The step's KL for ``--kl-ctrl adaptive``, the same number on every rank of ``group``.
 
-    Each sample's masked mean of ``rollout_data["kl"]``, averaged over the samples of every data-parallel rank.
+    Each sample's masked mean of ``rollout_data["kl"]``, averaged over the samples of every data-parallel rank
+    that keep a loss mask (a removed sample, all-zero mask, has no KL and is not counted).
     Context-parallel ranks each add their share of a sample's mean and only CP rank 0 counts the sample;
     ranks without KL (not the last pipeline stage, tensor-parallel rank > 0) add nothing. One float64
     all-reduce of (sum, count) over ``group``, which every rank must call. Returns (mean, count), or
@@ -173,7 +177,7 @@ _LOSS_REDUCE = '''def reduce_observed_kl(rollout_data: RolloutBatch, group) -> t
             )
             totals[0] = float(sum_of_sample_mean(torch.cat(kl)))
         if mpu.get_context_parallel_rank() == 0:
-            totals[1] = len(kl)
+            totals[1] = sum(1 for mask in rollout_data["loss_masks"] if mask.sum() > 0)
     dist.all_reduce(totals, group=group)
     count = int(totals[1].item())
     return (totals[0].item() / count if count else None), count
@@ -209,12 +213,14 @@ _ACTOR_INIT = """\
 _ACTOR_INIT_NEW = """\
         start_rollout_id = loaded_rollout_id + 1
 
-        # The critic's kl_coef is 0: only the actor adapts it.
+        # Only the actor adapts. Without --megatron-config-path the critic's args are a copy of the actor's
+        # (kl_ctrl adaptive), which is harmless: the critic's rollout data has no log_probs, so no KL reward.
         self.kl_ctrl = build_kl_controller(args) if role == "actor" and args.kl_ctrl == "adaptive" else None
         if self.kl_ctrl is not None:
             state = restore_kl_controller(self.kl_ctrl, args, loaded_rollout_id, get_gloo_group())
             if args.ci_test and args.load is not None and not args.finetune:
-                assert state is not None and self.kl_ctrl.value == state["value"] != args.kl_coef, state
+                assert state is not None, f"no KL controller state for the loaded rollout {loaded_rollout_id}"
+                assert self.kl_ctrl.value == state["value"], f"restored {self.kl_ctrl.value}, saved {state}"
 
         if role == "critic":
 """
