@@ -22,6 +22,7 @@ the curriculum flags, the evaluation. Outputs (``metrics.jsonl`` included) go un
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -104,12 +105,22 @@ def prepare(work: Path, task_env: str, python: str) -> dict[str, Path]:
     return paths
 
 
-def _small_config(path: str, work: Path) -> str:
+def rehearsal_max_turns(groups: dict[str, list[str]], train: Path) -> int:
+    """MAX_TURNS student turns; under B2F the replayed expert prefix counts against --max-turns too (the official
+    cap), so the limit leaves MAX_TURNS - 1 student turns after the longest prefix the rehearsal's tasks replay."""
+    if groups.get("--tcod-mode") != ["b2f"]:
+        return MAX_TURNS
+    longest = max(len(json.loads(line).get("metadata", {}).get("expert_actions") or [])
+                  for line in train.read_text().splitlines() if line.strip())
+    return max(MAX_TURNS, longest + MAX_TURNS - 1)
+
+
+def _small_config(path: str, work: Path, max_turns: int = MAX_TURNS) -> str:
     """A copy of the ``--custom-config-path`` YAML with the turn settings at the rehearsal's sizes."""
     import yaml
 
     data = yaml.safe_load((ROOT / path).read_text()) or {}  # an absolute path replaces ROOT
-    for key, value in (("max_turns", MAX_TURNS), ("max_turn_response_len", 16)):
+    for key, value in (("max_turns", max_turns), ("max_turn_response_len", 16)):
         if key in data:
             data[key] = value
     out = work / Path(path).name
@@ -139,6 +150,7 @@ def rehearse(argv: list[str], task_env: str, work: Path, python: str = sys.execu
     paths = prepare(work, task_env, python)
     port = _free_port()
     groups = {g[0]: g[1:] for g in split_flags(argv)}
+    max_turns = rehearsal_max_turns(groups, paths["train"])
     replace = {
         "--hf-checkpoint": [str(paths["student"])],
         "--prompt-data": [str(paths["train"])],
@@ -163,14 +175,14 @@ def rehearse(argv: list[str], task_env: str, work: Path, python: str = sys.execu
         replace["--eval-prompt-data"] = [groups["--eval-prompt-data"][0], str(paths["eval"])]
     for flag in ("--max-turns", "--tcod-k-max"):
         if flag in groups:
-            replace[flag] = [str(MAX_TURNS)]
+            replace[flag] = [str(max_turns)]
     for flag in ("--max-tokens-per-gpu", "--log-probs-max-tokens-per-gpu", "--eval-max-response-len"):
         if flag in groups:
             replace[flag] = ["1024"]
     if "--tensor-model-parallel-size" in groups:
         replace["--tensor-model-parallel-size"] = ["1"]
     if "--custom-config-path" in groups:
-        replace["--custom-config-path"] = [_small_config(groups["--custom-config-path"][0], work)]
+        replace["--custom-config-path"] = [_small_config(groups["--custom-config-path"][0], work, max_turns)]
     replace.update(extra_replace or {})
     new_argv, changes = rewrite(argv, replace, drop=SHAPE_FLAGS | {"--load"} | set(drop))
     for change in changes:

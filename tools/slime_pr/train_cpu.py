@@ -114,7 +114,10 @@ def hf_model_flags(ckpt: Path) -> list[str]:
 CPU_FLAGS = ["--transformer-impl", "local", "--use-cpu-initialization", "--no-persist-layer-norm",
              "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion",
              "--no-bias-dropout-fusion", "--no-rope-fusion", "--attention-dropout", "0", "--hidden-dropout", "0",
-             "--distributed-backend", "gloo", "--distributed-timeout-minutes", "10"]
+             "--distributed-backend", "gloo", "--distributed-timeout-minutes", "10",
+             # slime derives the LR schedule's length from --num-rollout unless it is given, and Megatron refuses a
+             # resume whose schedule length differs from the checkpoint's: each case resumes with one more rollout.
+             "--lr-decay-iters", "1000"]
 
 
 def run_train(args, env: dict, run: Run, num_gpus: int) -> Run:

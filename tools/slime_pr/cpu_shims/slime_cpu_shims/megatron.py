@@ -8,6 +8,14 @@ their module is imported. Each patch checks its target's source first (guard.exp
 - megatron.core.transformer.dot_product_attention.DotProductAttention.forward: the local (non-TE) attention refuses
   packed sequences (``packed_seq_params``), and slime always trains packed (thd) batches; here causal attention runs
   per packed sequence on ``cu_seqlens`` (padded ones when given, as TE's attention reads them), via torch's SDPA.
+- megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.state_dict: without Apex/TE the optimizer is torch's
+  Adam, whose per-parameter ``step`` it reads and asserts is one value. A resume asks a fresh optimizer (no state yet:
+  slime skips the state initialisation before a load) for that template, and the assert fails on an empty state.
+  Here a fresh optimizer's template carries step 0 as a placeholder; load_state_dict takes the step from the saved
+  param groups, so the placeholder never reaches training. With any state the original runs unchanged.
+- DistributedOptimizer._set_main_param_and_optimizer_states: loading slime's (dp_reshardable) optimizer checkpoint
+  copies every key of torch Adam's per-parameter state from the file, ``step`` included, which the file does not hold
+  (load_state_dict has already set it from the saved param groups): KeyError. Here ``step`` is left out of that copy.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from slime_cpu_shims.guard import expect_source
 # sha256 prefixes of the targets' source at Megatron-LM 1dcf0da with slime's megatron.patch.
 RNG_SET_DIGEST = "b179c9d95438b61c"
 DPA_FORWARD_DIGEST = "4cfa7795c981bd4c"
+OPTIMIZER_STATE_DICT_DIGEST = "36718aee1cc6c4f9"
+SET_OPTIMIZER_STATES_DIGEST = "93c254228283b2df"
 
 
 def _patch_random(module) -> None:
@@ -73,8 +83,48 @@ def _patch_dot_product_attention(module) -> None:
     cls.forward = forward
 
 
+def _patch_distrib_optimizer(module) -> None:
+    import torch
+
+    cls = module.DistributedOptimizer
+    expect_source(cls.state_dict, OPTIMIZER_STATE_DICT_DIGEST, "optimizer step of a fresh state")
+    original = cls.state_dict
+
+    def state_dict(self):
+        if module.HAVE_APEX_OR_TE or len(self.optimizer.state) > 0:
+            return original(self)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        for p in params:
+            self.optimizer.state[p] = {"step": torch.tensor(0.0)}
+        try:
+            return original(self)
+        finally:
+            for p in params:
+                self.optimizer.state.pop(p, None)
+
+    cls.state_dict = state_dict
+
+    expect_source(cls._set_main_param_and_optimizer_states, SET_OPTIMIZER_STATES_DIGEST, "torch Adam's step on load")
+    set_states = cls._set_main_param_and_optimizer_states
+
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 or "step" in tensors:
+            return set_states(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+        step = state.pop("step", None)  # already the saved step: load_state_dict set it from the param groups
+        try:
+            return set_states(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    cls._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+
+
 def arm(when_imported) -> None:
     when_imported("megatron.core.tensor_parallel.random", _patch_random)
+    when_imported("megatron.core.optimizer.distrib_optimizer", _patch_distrib_optimizer)
     when_imported("megatron.core.transformer.dot_product_attention", _patch_dot_product_attention)
     arm_cuda_literals(when_imported)
 
