@@ -115,9 +115,10 @@ CPU_FLAGS = ["--transformer-impl", "local", "--use-cpu-initialization", "--no-pe
              "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion",
              "--no-bias-dropout-fusion", "--no-rope-fusion", "--attention-dropout", "0", "--hidden-dropout", "0",
              "--distributed-backend", "gloo", "--distributed-timeout-minutes", "10",
-             # slime derives the LR schedule's length from --num-rollout unless it is given, and Megatron refuses a
-             # resume whose schedule length differs from the checkpoint's: each case resumes with one more rollout.
-             "--lr-decay-iters", "1000"]
+             # slime sizes the LR / weight-decay schedules from --num-rollout, and Megatron refuses a resume whose
+             # schedule lengths differ from the checkpoint's: each case resumes with one more rollout, so the
+             # schedule comes from the checkpoint (Megatron's own flag for it).
+             "--use-checkpoint-opt_param-scheduler"]
 
 
 def run_train(args, env: dict, run: Run, num_gpus: int) -> Run:
