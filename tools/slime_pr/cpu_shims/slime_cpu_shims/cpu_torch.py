@@ -29,3 +29,12 @@ class CpuTorch:
         if name == "device":
             return lambda dev=None, *a: attr("cpu") if _is_cuda(dev) else attr(dev, *a)
         return attr
+
+
+def swap_torch_in(module, shim: str) -> None:
+    """Give ``module`` a CpuTorch as its ``torch`` (the shims for CUDA literals and pinned buffers)."""
+    import torch
+
+    if getattr(module, "torch", None) is not torch:
+        raise RuntimeError(f"train_cpu shim {shim!r}: {module.__name__} no longer imports torch as `torch`")
+    module.torch = CpuTorch(torch)

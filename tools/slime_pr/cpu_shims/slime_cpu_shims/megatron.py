@@ -20,7 +20,7 @@ their module is imported. Each patch checks its target's source first (guard.exp
 
 from __future__ import annotations
 
-from slime_cpu_shims.cpu_torch import CpuTorch
+from slime_cpu_shims.cpu_torch import swap_torch_in
 from slime_cpu_shims.guard import expect_source
 
 # sha256 prefixes of the targets' source at Megatron-LM 1dcf0da with slime's megatron.patch.
@@ -142,14 +142,6 @@ CUDA_LITERAL_MODULES = (
 )
 
 
-def _cpu_torch_namespace(module) -> None:
-    import torch
-
-    if getattr(module, "torch", None) is not torch:
-        raise RuntimeError(f"train_cpu shim 'cuda literals': {module.__name__} no longer imports torch as `torch`")
-    module.torch = CpuTorch(torch)
-
-
 def arm_cuda_literals(when_imported) -> None:
     for name in CUDA_LITERAL_MODULES:
-        when_imported(name, _cpu_torch_namespace)
+        when_imported(name, lambda module: swap_torch_in(module, "cuda literals"))

@@ -8,16 +8,8 @@ PINNING_MODULES = ("slime.utils.tensor_backper", "slime.utils.routing_replay",
                    "slime.backends.megatron_utils.update_weight.update_weight_from_disk_delta")
 
 
-def _unpin(module) -> None:
-    import torch
-
-    from slime_cpu_shims.cpu_torch import CpuTorch
-
-    if getattr(module, "torch", None) is not torch:
-        raise RuntimeError(f"train_cpu shim 'pin_memory': {module.__name__} no longer imports torch as `torch`")
-    module.torch = CpuTorch(torch)
-
-
 def arm(when_imported) -> None:
+    from slime_cpu_shims.cpu_torch import swap_torch_in
+
     for name in PINNING_MODULES:
-        when_imported(name, _unpin)
+        when_imported(name, lambda module: swap_torch_in(module, "pin_memory"))
