@@ -3,22 +3,27 @@
 #
 # usage: MEGATRON_LM_DIR=DIR benchmarks/train_cpu_cases.sh SLIME_DIR [CASE...]
 #   SLIME_DIR: a slime checkout (only read); the PR cases get ported copies made here with port.py.
-#   CASE: pristine-grpo kl-adaptive (default: both).
+#   CASE: pristine-grpo kl-adaptive tcod-f2b tcod-b2f tcod-megatron-teacher (default: all five).
 # Appends one row per case to benchmarks/results/train_cpu/cases.tsv (date, case, result, wall seconds, load
-# average at the start, the case's last line) and prints the table. The target is <= 600 s a case on 2 cores.
+# average at the start, the case's last line) and prints the table; a failed case leaves the tail of its log in
+# benchmarks/results/train_cpu/CASE.failed.log. The target is <= 600 s a case on 2 cores.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
-[[ $# -ge 1 ]] || { sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+[[ $# -ge 1 ]] || { sed -n '2,9s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
 SLIME_DIR="$(cd "$1" && pwd)" && shift
-CASES=("$@") && [[ ${#CASES[@]} -gt 0 ]] || CASES=(pristine-grpo kl-adaptive)
+CASES=("$@") && [[ ${#CASES[@]} -gt 0 ]] || CASES=(pristine-grpo kl-adaptive tcod-f2b tcod-b2f tcod-megatron-teacher)
 OUT="$REPO/benchmarks/results/train_cpu" && mkdir -p "$OUT"
 WORK="$(mktemp -d)" && trap 'rm -rf "$WORK"' EXIT
 [[ -f "$OUT/cases.tsv" ]] || printf 'date\tcase\tresult\twall_s\tload_1min\tlast_line\n' >"$OUT/cases.tsv"
 for c in "${CASES[@]}"; do
     tree="$SLIME_DIR"
-    if [[ $c == kl-adaptive ]]; then
-        tree="$WORK/slime-kl" && cp -a "$SLIME_DIR" "$tree" && "$PY" "$REPO/tools/slime_pr/port.py" --pr adaptive-kl "$tree" >/dev/null
+    pr=""
+    case $c in kl-adaptive) pr=adaptive-kl ;; tcod-*) pr=tcod ;; esac
+    if [[ -n $pr ]]; then
+        # one ported copy per PR, made the first time a case needs it
+        tree="$WORK/slime-$pr"
+        [[ -d $tree ]] || { cp -a "$SLIME_DIR" "$tree" && "$PY" "$REPO/tools/slime_pr/port.py" --pr "$pr" "$tree" >/dev/null; }
     fi
     load="$(cut -d' ' -f1 /proc/loadavg)"
     t0=$SECONDS
@@ -26,6 +31,8 @@ for c in "${CASES[@]}"; do
     wall=$((SECONDS - t0))
     last="$(tail -1 "$WORK/$c.log")"
     result=FAILED && [[ "$last" == "train_cpu $c: ok"* ]] && result=ok
+    # a failed case keeps its log's tail (the work folder goes at exit)
+    [[ $result == ok ]] || tail -300 "$WORK/$c.log" >"$OUT/$c.failed.log"
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$c" "$result" "$wall" "$load" "${last:0:400}" >>"$OUT/cases.tsv"
     echo "$c: $result in ${wall}s (load $load)"
 done

@@ -101,16 +101,23 @@ def hf_model_flags(ckpt: Path) -> list[str]:
     """Megatron's model flags for the HF Qwen3 checkpoint (as slime's scripts/models/qwen3-*.sh spell them)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1000000)
+    # Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by (128 by default), and the
+    # padded rows' logits (0) join every softmax: with a tiny vocab of 100 that shifts every log-prob by
+    # log(128/100). slime's scripts set the divisor where a vocab is not a multiple of 128 (glm4.7: 64); here the
+    # largest power of two dividing the vocab, so Megatron's vocabulary is the checkpoint's.
+    divisor = cfg["vocab_size"] & -cfg["vocab_size"]
     return ["--swiglu", "--num-layers", str(cfg["num_hidden_layers"]), "--hidden-size", str(cfg["hidden_size"]),
             "--ffn-hidden-size", str(cfg["intermediate_size"]), "--num-attention-heads", str(cfg["num_attention_heads"]),
             "--group-query-attention", "--num-query-groups", str(cfg["num_key_value_heads"]),
             "--kv-channels", str(cfg["head_dim"]), "--use-rotary-position-embeddings", "--disable-bias-linear",
             "--normalization", "RMSNorm", "--norm-epsilon", str(cfg["rms_norm_eps"]), "--rotary-base", str(int(rope)),
-            "--vocab-size", str(cfg["vocab_size"]), "--qk-layernorm", "--untie-embeddings-and-output-weights"]
+            "--vocab-size", str(cfg["vocab_size"]), "--make-vocab-size-divisible-by", str(divisor),
+            "--qk-layernorm", "--untie-embeddings-and-output-weights"]
 
 
 # What a CPU cannot do, and Megatron's defaults that assume it can: TransformerEngine (local spec), fused kernels,
-# CUDA initialisation; fp32 throughout (no bf16 on the CPU path), no dropout so runs repeat.
+# CUDA initialisation; no dropout so runs repeat. Megatron computes in bf16 here too, as slime makes it
+# (megatron_utils/arguments.py: args.bf16 = not args.fp16).
 CPU_FLAGS = ["--transformer-impl", "local", "--use-cpu-initialization", "--no-persist-layer-norm",
              "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion",
              "--no-bias-dropout-fusion", "--no-rope-fusion", "--attention-dropout", "0", "--hidden-dropout", "0",

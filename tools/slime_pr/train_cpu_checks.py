@@ -124,6 +124,41 @@ def teacher_response_logprobs(teacher, tokens: list[int], response_length: int) 
     return picked[len(tokens) - 1 - response_length:]
 
 
+# slime runs Megatron in bf16 (megatron_utils/arguments.py: args.bf16 = not args.fp16), on the CPU too: bf16 keeps 8
+# significant bits, so the trainer's log-probs stray from an fp32 transformers forward of the same weights by a
+# little on every token, more on long samples (a token's gap reached 0.06 on the teacher). A sample's mean gap over
+# its trained tokens is steadier (measured at most 0.001 for the near-uniform student, 0.014 for the teacher) and a
+# wrong model is far outside it: the padded vocabulary shifted every log-prob by 0.25, the student is 4 nats from
+# the teacher.
+BF16_LOGPROB_TOL = 0.05  # a sample's mean |gap| over its trained tokens
+
+
+def _mean_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return (a - b)[mask].abs().mean().item()
+
+
+def check_trainer_logprobs(train_step: list[dict], model, *, tol: float = BF16_LOGPROB_TOL) -> str:
+    """Before the first update the trainer's log-probs are those of the HF checkpoint it loaded: on trained tokens
+    they equal a transformers forward of that checkpoint (within bf16's rounding). A model that Megatron builds
+    otherwise (a padded vocabulary, another rope base, a norm name the loader missed) shifts them all, and with
+    them what OPD, PPO and the KL terms compute, while checks that compare the trainer with itself stay green."""
+    worst, checked = 0.0, 0
+    for i, sample in enumerate(train_step):
+        mask = torch.as_tensor(sample["loss_masks"]).bool()
+        if not mask.any():
+            continue
+        expected = teacher_response_logprobs(model, [int(t) for t in sample["tokens"]], int(sample["response_lengths"]))
+        gap = _mean_gap(torch.as_tensor(sample["log_probs"]).float(), expected, mask)
+        if not math.isfinite(gap) or gap > tol:
+            raise CheckFailed(f"first rollout's train sample {i}: the trainer's log-probs differ from the loaded HF "
+                              f"checkpoint's by {gap:.3g} on average (tolerance {tol}): Megatron's model is not the "
+                              f"checkpoint")
+        worst, checked = max(worst, gap), checked + 1
+    if not checked:
+        raise CheckFailed("no trained tokens in the first rollout's train dumps")
+    return f"trainer log-probs == HF student's on {checked} samples (largest mean gap {worst:.1e}, bf16)"
+
+
 def check_opd_rewards(rollouts: dict[int, list[dict]], teacher, *, opd_type: str, tol: float = 1e-3) -> str:
     """Pure OPD in what the rollout hands the trainer: a sample's reward is not the environment's return
     (``metadata["task_reward"]``, non-zero for B2F's replayed steps) but, with the teacher server, the teacher's
@@ -157,11 +192,14 @@ def check_opd_rewards(rollouts: dict[int, list[dict]], teacher, *, opd_type: str
 
 
 def check_opd_advantages(train: dict[int, list[dict]], rollouts: dict[int, list[dict]], teacher, *,
-                         opd_kl_coef: float, tol: float = 1e-3, min_kl: float = 0.05) -> str:
+                         opd_kl_coef: float, tol: float = 1e-3, min_kl: float = 0.05,
+                         teacher_in_trainer: bool = False) -> str:
     """Pure OPD: every sample's reward is 0 and, on its trained tokens, the advantage is
-    ``-opd_kl_coef * (log p_student - log p_teacher)`` with the teacher's log-probs recomputed here; the loss mask
-    the trainer used is the rollout's (0 on observations and replayed turns: the policy loss weights the advantages
-    by it, so masked tokens carry none). The reverse KL must be far from 0, or the check proves nothing."""
+    ``-opd_kl_coef * (log p_student - log p_teacher)``; the loss mask the trainer used is the rollout's (0 on
+    observations and replayed turns: the policy loss weights the advantages by it, so masked tokens carry none).
+    The teacher's log-probs are recomputed here in fp32; with the teacher in the trainer (``--opd-type megatron``),
+    computed there in bf16, the formula is checked on the trainer's own teacher log-probs and those must be the
+    teacher's within ``BF16_LOGPROB_TOL``. The reverse KL must be far from 0, or the check proves nothing."""
     if sorted(train) != sorted(rollouts):
         raise CheckFailed(f"train dumps for rollouts {sorted(train)}, rollout dumps for {sorted(rollouts)}")
     kls, worst = [], 0.0
@@ -185,6 +223,14 @@ def check_opd_advantages(train: dict[int, list[dict]], rollouts: dict[int, list[
                 continue
             teacher_lp = teacher_response_logprobs(teacher, [int(t) for t in sample["tokens"]],
                                                    int(sample["response_lengths"]))
+            if teacher_in_trainer:
+                trainer_teacher = torch.as_tensor(sample["teacher_log_probs"]).float()
+                off = _mean_gap(trainer_teacher, teacher_lp, mask)
+                if not math.isfinite(off) or off > BF16_LOGPROB_TOL:
+                    raise CheckFailed(f"{where}: the trainer's teacher log-probs differ from the teacher's by {off:.3g} "
+                                      f"on average (tolerance {BF16_LOGPROB_TOL}): the trainer scored with another "
+                                      f"model")
+                teacher_lp = trainer_teacher
             student_lp = torch.as_tensor(sample["log_probs"]).float()
             advantages = torch.as_tensor(sample["advantages"]).float()
             expected = -opd_kl_coef * (student_lp - teacher_lp)

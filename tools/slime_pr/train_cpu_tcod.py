@@ -23,7 +23,6 @@ from tools.slime_pr.train_cpu import CPU_FLAGS, CaseFailed, Run, hf_model_flags,
 MAX_TURNS, TURN_LEN, ETA, K_START = 4, 16, 1, 1
 FIRST_ROLLOUTS, TOTAL_ROLLOUTS = 2, 3
 OPD_KL_COEF = 1.0
-ADVANTAGE_TOL = {"sglang": 1e-3, "megatron": 2e-3}  # the Megatron teacher's forward is another implementation
 NUM_GPUS = 2
 
 
@@ -96,7 +95,7 @@ def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: 
                                 max_turns=MAX_TURNS, experts=experts),
             checks.check_opd_rewards(rollouts, teacher, opd_type=opd_type),
             checks.check_opd_advantages(train, rollouts, teacher, opd_kl_coef=OPD_KL_COEF,
-                                        tol=ADVANTAGE_TOL[opd_type]),
+                                        teacher_in_trainer=opd_type == "megatron"),
             checks.check_losses_finite(run.text(), min_steps=steps)]
 
 
@@ -110,6 +109,7 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
     teacher_megatron = _teacher_megatron(args, env, teacher) if opd_type == "megatron" else None
     tokenizer = AutoTokenizer.from_pretrained(student)
     teacher_model = AutoModelForCausalLM.from_pretrained(teacher).eval()
+    student_model = AutoModelForCausalLM.from_pretrained(student).eval()
     save = args.out / "ckpt"
     summary = []
     with engines_mod.start_engines(student, teacher if opd_type == "sglang" else None, args.out / "engine_logs",
@@ -122,6 +122,8 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
         require_ok(first)
         summary += _check_run(first_out, first, tokenizer, teacher_model, mode=mode, opd_type=opd_type,
                               experts=experts, steps=FIRST_ROLLOUTS)
+        loaded = checks.check_trainer_logprobs(
+            checks.load_train_dumps(str(first_out / "train" / "{rollout_id}_{rank}.pt"))[0], student_model)
         latest = save / "latest_checkpointed_iteration.txt"
         saved = int(latest.read_text().strip()) if latest.is_file() else None
         if saved != FIRST_ROLLOUTS - 1:
@@ -136,9 +138,9 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
         summary.append(checks.check_resume(checks.load_rollout_dumps(str(first_out / "rollout" / "{rollout_id}.pt")),
                                            checks.load_rollout_dumps(str(resumed_out / "rollout" / "{rollout_id}.pt")),
                                            saved_step=saved))
-    (args.out / "tcod_checks.json").write_text(json.dumps(summary, indent=1))
+    (args.out / "tcod_checks.json").write_text(json.dumps([*summary, loaded], indent=1))
     first_depths, resumed_depths, advantages = summary[0], summary[4], summary[2]
-    return (f"{first_depths}, resumed {resumed_depths}; {advantages}; {summary[-1]}; "
+    return (f"{first_depths}, resumed {resumed_depths}; {advantages}; {loaded}; {summary[-1]}; "
             f"train.py {first.seconds + resumed.seconds:.0f}s")
 
 
