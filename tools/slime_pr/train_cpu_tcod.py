@@ -1,7 +1,8 @@
 """The TCOD PR's cases of ``train_cpu.py``: the PR's launch settings shrunk, run by slime's own ``train.py``.
 
 ``tcod-f2b`` and ``tcod-b2f`` (teacher on an hf_engine server, ``--opd-type sglang``) and ``tcod-megatron-teacher``
-(F2B, the teacher in the trainer, ``--opd-type megatron``). Each trains a tiny Qwen3-shaped student on 2 gloo ranks
+(B2F, the teacher in the trainer, ``--opd-type megatron``: B2F's replayed expert steps earn an environment
+return, which pure OPD must keep out of the reward; an untrained student's own F2B turns earn none). Each trains a tiny Qwen3-shaped student on 2 gloo ranks
 for ``FIRST_ROLLOUTS`` rollouts with a checkpoint after each, then resumes from the last checkpoint for one more,
 with the student's rollouts served by hf_engine processes as slime's external engines (weights synced with
 ``--update-weight-transport disk``). The checks (``train_cpu_checks``) read slime's own debug dumps: every step's
@@ -147,7 +148,7 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
 def run_case(case: str):
     """The case function ``train_cpu.CASE_FUNCS`` registers for ``case``: a failed check is the case's FAILED line."""
     mode, opd_type = {"tcod-f2b": ("f2b", "sglang"), "tcod-b2f": ("b2f", "sglang"),
-                      "tcod-megatron-teacher": ("f2b", "megatron")}[case]
+                      "tcod-megatron-teacher": ("b2f", "megatron")}[case]
 
     def case_func(args, env):
         try:
