@@ -248,9 +248,20 @@ def case_pristine_grpo(args, env) -> str:
     ckpt = make_student(args.out)
     data = write_rollout_data(env, ckpt, args.out, num_rollouts=2, prompts=2, per_prompt=2)
     save = args.out / "ckpt"
-    run = run_train(args, env, Run("grpo", grpo_flags(ckpt, args.out, data, 2, save), args.out / "train.log"), 2)
+    dumps = str(args.out / "train" / "{rollout_id}_{rank}.pt")
+    flags = [*grpo_flags(ckpt, args.out, data, 2, save), "--save-debug-train-data", dumps]
+    run = run_train(args, env, Run("grpo", flags, args.out / "train.log"), 2)
     require_ok(run)
-    return check_trained(run, save, num_rollout=2)
+    trained = check_trained(run, save, num_rollout=2)
+    from transformers import AutoModelForCausalLM
+
+    from tools.slime_pr import train_cpu_checks as checks
+
+    # slime's own GRPO never compares its log-probs with the checkpoint's: a Megatron model built otherwise would
+    # train on and on (this check found the padded vocabulary).
+    loaded = checks.check_trainer_logprobs(checks.load_train_dumps(dumps)[0],
+                                           AutoModelForCausalLM.from_pretrained(ckpt).eval())
+    return f"{trained}; {loaded}"
 
 
 def check_trained(run: Run, save: Path, num_rollout: int) -> str:
