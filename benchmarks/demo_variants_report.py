@@ -67,7 +67,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| variant | seed | teacher / student | vanilla OPD (gap closed) | SFT parts from the recorded run at step "
              "| OPD records equal to the recorded |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        parts = "-" if "sft_parts_at" not in r else ("never" if r["sft_parts_at"] is None else str(r["sft_parts_at"]))
+        parts = r.get("sft_parts_at", "-")
+        parts = "never" if parts is None else str(parts)
         equal = "-" if "opd_equal" not in r else ("yes" if r["opd_equal"] else "no")
         lines.append(f"| {r['variant']} | {r['seed']} | {r['teacher']:.2f} / {r['student']:.2f} | "
                      f"{r['opd']:.2f} ({_pct(r['closed'])}) | {parts} | {equal} |")

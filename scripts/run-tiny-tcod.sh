@@ -10,7 +10,8 @@
 #   4. table + plot (scripts/tcod_report.py) under OUT_DIR
 # Environment: PYTHON (default this repository's .venv/bin/python if it exists, else python3), OUT_DIR
 # (default outputs/tiny-tcod; a new folder: one that holds a run is refused, never overwritten), STEPS, TEACHER_STEPS, STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full |
-# sampled), EVAL_N, TRAIN_BACKEND (fsdp | megatron: the same runs on the Megatron-core trainer).
+# sampled), EVAL_N, TRAIN_BACKEND (fsdp | megatron: the same runs on the Megatron-core trainer), METHODS
+# (default "opd f2b b2f": which of the three distillation runs of phase 4 to make, in that order).
 # Evaluation is at the rollout temperature 1.0, the distribution OPD matches (why:
 # docs/en/advanced/opd-regimes.md). After SFT it warns when the teacher does not beat the student.
 # Measured time: docs/en/demo.md.
@@ -35,6 +36,7 @@ ETA="${ETA:-3}"                        # TCOD: steps per depth increment (depth 
 OPD_LOSS="${OPD_LOSS:-full}"
 MAX_TURNS=10
 EVAL_N="${EVAL_N:-96}"
+METHODS="${METHODS:-opd f2b b2f}"
 
 T_START=${SECONDS}
 phase() { printf '\n=== [%4ds] %s\n' "$(( SECONDS - T_START ))" "$*"; }
@@ -50,6 +52,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+read -r -a RUNS <<< "${METHODS}"
+for run in "${RUNS[@]}"; do
+  case "${run}" in opd | f2b | b2f) ;; *) echo "run-tiny-tcod.sh: METHODS: unknown method '${run}' (choose from: opd f2b b2f)" >&2; exit 2 ;; esac
+done
+[ "${#RUNS[@]}" -gt 0 ] || { echo "run-tiny-tcod.sh: METHODS is empty (choose from: opd f2b b2f)" >&2; exit 2; }
 # The student is a checkpoint of the teacher's own SFT run, so it must come first.
 [ "${STUDENT_STEPS}" -lt "${TEACHER_STEPS}" ] \
   || { echo "run-tiny-tcod.sh: STUDENT_STEPS (${STUDENT_STEPS}) must be below TEACHER_STEPS (${TEACHER_STEPS})" >&2; exit 2; }
@@ -129,19 +136,20 @@ declare -A RUN_ARGS=(
   [f2b]="--use-tcod --tcod-mode f2b --tcod-eta ${ETA}"
   [b2f]="--use-tcod --tcod-mode b2f --tcod-eta ${ETA} --tcod-prefix-source expert"
 )
+declare -A RUN_NAME=([opd]="vanilla OPD" [f2b]="TCOD-F2B" [b2f]="TCOD-B2F")
 i=0
-for run in opd f2b b2f; do
+REPORT_RUNS=()
+for run in "${RUNS[@]}"; do
   i=$(( i + 1 ))
-  phase "4/5 (${i}/3) ${run}: ${STEPS} steps x ${BATCH} episodes, --opd-loss ${OPD_LOSS}"
+  phase "4/5 (${i}/${#RUNS[@]}) ${run}: ${STEPS} steps x ${BATCH} episodes, --opd-loss ${OPD_LOSS}"
+  REPORT_RUNS+=(--run "${RUN_NAME[${run}]}" "${WORK}/${run}/metrics.jsonl")
   # shellcheck disable=SC2086  # RUN_ARGS values are flag lists
   "${PYTHON}" train.py "${OPD[@]}" ${RUN_ARGS[${run}]} --metrics-dir "${WORK}/${run}"
 done
 
 # ---------------------------------------------------------------- 5. report
 phase "5/5 table and plot"
-"${PYTHON}" -m scripts.tcod_report \
-  --run "vanilla OPD" "${WORK}/opd/metrics.jsonl" --run "TCOD-F2B" "${WORK}/f2b/metrics.jsonl" \
-  --run "TCOD-B2F" "${WORK}/b2f/metrics.jsonl" --teacher-success "${TEACHER_SUCCESS}" \
+"${PYTHON}" -m scripts.tcod_report "${REPORT_RUNS[@]}" --teacher-success "${TEACHER_SUCCESS}" \
   --start-eval "${STUDENT_SUCCESS}" \
   --md "${WORK}/table.md" --png "${WORK}/tcod-tiny.png"
 echo "eval success: teacher ${TEACHER_SUCCESS}, student at start ${STUDENT_SUCCESS}"

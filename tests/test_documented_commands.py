@@ -339,3 +339,13 @@ def test_the_demo_refuses_a_student_that_is_not_earlier_than_the_teacher(tmp_pat
     out = _demo_until_the_teacher_server(tmp_path, {}, TEACHER_STEPS="20", STUDENT_STEPS="20")
     assert out.returncode == 2 and out.stderr.splitlines() == [
         "run-tiny-tcod.sh: STUDENT_STEPS (20) must be below TEACHER_STEPS (20)"], out.stderr
+
+
+def test_the_demo_refuses_an_unknown_or_empty_methods_list(tmp_path):
+    # METHODS picks phase 4's runs; a typo must stop the demo before its SFT, not after ten minutes.
+    out = _demo_until_the_teacher_server(tmp_path, {}, METHODS="opd tcod")
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "run-tiny-tcod.sh: METHODS: unknown method 'tcod' (choose from: opd f2b b2f)"], out.stderr
+    empty = _demo_until_the_teacher_server(tmp_path / "empty", {}, METHODS=" ")
+    assert empty.returncode == 2 and empty.stderr.splitlines() == [
+        "run-tiny-tcod.sh: METHODS is empty (choose from: opd f2b b2f)"], empty.stderr

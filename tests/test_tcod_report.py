@@ -87,3 +87,36 @@ def test_demo_seeds_report_gives_each_method_its_share_of_the_gap(tmp_path):
     assert rows[1]["opd_closed"] is None  # teacher behind its student: no gap to close
     text = table(rows)
     assert "0.60 (50% of the gap)" in text and "No teacher-student gap (left out of the mean): seed 1." in text
+
+
+def test_demo_variants_report_finds_where_a_run_parts_from_the_recorded_one(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks.demo_variants_report as report
+
+    def rows(losses, evals):
+        return [{"step": s, "time": 100.0 + s, "perf/step_s": 1.0 + s, "loss": loss,
+                 **({"eval/gridnav/success_rate": evals[s]} if s in evals else {})} for s, loss in enumerate(losses)]
+
+    recorded = tmp_path / "recorded" / "seed0"
+    recorded.mkdir(parents=True)
+    for name, data in (("sft", rows([3.5, 2.0, 1.5], {1: 0.2, 2: 0.8})), ("opd", rows([1.0, 0.5], {1: 0.5}))):
+        (recorded / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    monkeypatch.setattr(report, "RECORDED", tmp_path / "recorded")
+    out = tmp_path / "out"
+    for variant, sft_losses, opd_end in (("native", [3.5, 2.0, 1.5], 0.5),
+                                         ("avx2", [3.5, 2.0000001, 1.5], 0.35)):
+        (out / variant).mkdir(parents=True)
+        (out / variant / "seed0.log").write_text(
+            "=== [   4s] 2/5 SFT on expert trajectories: teacher (3 steps), student (checkpoint at 2)\n")
+        run = out / variant / "seed0"
+        _write_run(run / "sft", rows(sft_losses, {1: 0.2, 2: 0.8}))
+        _write_run(run / "opd", rows([1.0, 0.5], {1: opd_end}))
+    native, avx2 = report.run_row(out, "native", 0), report.run_row(out, "avx2", 0)
+    assert native["sft_parts_at"] is None and native["opd_equal"]  # timings differ on every run: left out
+    assert avx2["sft_parts_at"] == 1 and not avx2["opd_equal"]  # the last bit of step 1's loss
+    assert abs(native["closed"] - 0.5) < 1e-9 and abs(avx2["closed"] - 0.25) < 1e-9  # (end - 0.2) / (0.8 - 0.2)
+    text = report.table([native, avx2])
+    assert "| native | 0 | 0.80 / 0.20 | 0.50 (50%) | never | yes |" in text
+    assert "| avx2 | 0 | 0.80 / 0.20 | 0.35 (25%) | 1 | no |" in text
+    assert "above half in 0 of 2" in text
