@@ -224,7 +224,7 @@ def test_caps_fail_when_exceeded_and_counts_are_printed(tmp_path, capsys, monkey
                                             "slime/rollout/tcod.py": "y = 2\n" * 151})
     monkeypatch.setattr(verify_pr, "FAILED", [])
     monkeypatch.setattr(verify_pr, "missing_linters", lambda: [])
-    monkeypatch.setattr(verify_pr, "lint", lambda files, settings: [])
+    monkeypatch.setattr(verify_pr, "lint", lambda files, settings, python=None: [])
     monkeypatch.setattr(manifest, "TEST_FILES", ())
     assert verify_pr.main([str(pristine), str(ported)]) == 1
     out = capsys.readouterr().out
@@ -359,3 +359,28 @@ def test_verify_pr_finds_how_ci_would_miss_the_prs_tests(tmp_path, monkeypatch):
         f"{cpu}: NUM_GPUS is 8, want 0", f"{cpu}: does not end with upstream's runner "
         "'raise SystemExit(pytest.main([__file__]))'"]
     assert manifest.GPU_CONFIGS[0][2] == 3  # the GPU test's NUM_GPUS is its default configuration's
+
+
+def test_linters_come_from_a_cached_venv_of_their_own_or_are_named(tmp_path, monkeypatch, capsys):
+    # A fresh clone's venv has no linters: verify.sh must not fail on "linters missing" but make them once,
+    # outside the runtime's venv; with VERIFY_NO_INSTALL=1 it names what to install instead.
+    monkeypatch.setattr(verify_pr, "missing_linters", lambda: ["black==24.3.0"])
+    monkeypatch.setenv("LINTERS_CACHE", str(tmp_path))
+    calls = []
+
+    def run(cmd, check):
+        calls.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            Path(cmd[-1], "bin").mkdir(parents=True)
+
+    monkeypatch.setattr(verify_pr.subprocess, "run", run)
+    monkeypatch.setenv("VERIFY_NO_INSTALL", "1")
+    assert verify_pr.linter_python() is None and calls == []
+    monkeypatch.delenv("VERIFY_NO_INSTALL")
+    python = verify_pr.linter_python()
+    assert python.startswith(str(tmp_path)) and python.endswith("/bin/python")
+    assert calls[0][1:3] == ["-m", "venv"] and calls[1][:4] == [python, "-m", "pip", "install"]
+    assert {"black==24.3.0", "isort==5.13.2", "ruff==0.14.7", "autoflake==2.0.2"} <= set(calls[1])
+    assert "installing slime's pinned linters" in capsys.readouterr().out
+    calls.clear()
+    assert verify_pr.linter_python() == python and calls == []  # made once

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -64,13 +66,34 @@ def missing_linters() -> list[str]:
     return [f"{tool}=={want}" for tool, want in PINNED.items() if installed(tool) != want]
 
 
-def lint(files: list[str], settings: Path, fix: bool = False) -> list[str]:
+def linter_python() -> str | None:
+    """A Python that has the pinned linters: this one if it has them, else a venv of its own made once under
+    ``$LINTERS_CACHE`` (default ``~/.cache/slime-tcod/linters``), never the runtime's. None when it would have to
+    be made and ``VERIFY_NO_INSTALL=1`` forbids installing."""
+    if not missing_linters():
+        return sys.executable
+    pins = sorted(f"{tool}=={want}" for tool, want in PINNED.items())
+    root = Path(os.environ.get("LINTERS_CACHE") or Path.home() / ".cache" / "slime-tcod" / "linters")
+    venv = root / hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12]
+    python, done = venv / "bin" / "python", venv / ".complete"
+    if done.is_file():
+        return str(python)
+    if os.environ.get("VERIFY_NO_INSTALL") == "1":
+        return None
+    print(f"verify_pr.py: installing slime's pinned linters ({' '.join(pins)}) into {venv}, once ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    done.write_text(" ".join(pins) + "\n")
+    return str(python)
+
+
+def lint(files: list[str], settings: Path, fix: bool = False, python: str = sys.executable) -> list[str]:
     """Findings (empty: clean) with upstream's settings (its pyproject.toml). ``fix`` rewrites the files first, as
-    pre-commit would."""
+    pre-commit would. ``python`` has the pinned linters (:func:`linter_python`)."""
     cfg = str(settings)
 
     def run(*cmd):
-        return subprocess.run([sys.executable, "-m", *cmd], cwd=port.REPO, capture_output=True, text=True)
+        return subprocess.run([python, "-m", *cmd], cwd=port.REPO, capture_output=True, text=True)
 
     out = run("ruff", "check", "--config", cfg, *(["--fix"] if fix else []), "--output-format", "concise", *files)
     findings = [f"ruff: {ln}" for ln in out.stdout.splitlines() if ":" in ln and not ln.startswith("Found")]
@@ -180,13 +203,14 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     pr = port.manifest_of(opts.pr)
     if opts.lint:
-        if missing_linters():
-            print(f"verify_pr.py: install the pinned linters first: pip install {' '.join(missing_linters())}")
+        linters = linter_python()
+        if linters is None:
+            print(f"verify_pr.py: VERIFY_NO_INSTALL=1 and no pinned linters: pip install {' '.join(missing_linters())}")
             return 2
         if not opts.paths:
             parser.error("--lint needs SLIME_DIR, an upstream checkout whose pyproject.toml holds the settings")
         ours = [str(p) for p in (*port.sources(pr).values(), *(port.REPO / s for s in pr.SPLICED)) if p.suffix == ".py"]
-        findings = lint(opts.paths[1:] or ours, Path(opts.paths[0]) / "pyproject.toml", fix=opts.fix)
+        findings = lint(opts.paths[1:] or ours, Path(opts.paths[0]) / "pyproject.toml", fix=opts.fix, python=linters)
         print("\n".join([*findings, f"verify_pr.py --lint: {len(findings)} finding(s)"]))
         return 1 if findings else 0
     if len(opts.paths) != 2:
@@ -219,7 +243,9 @@ def main(argv=None) -> int:
 
     py = [rel for rel in files if rel.endswith(".py")]
     settings = pristine / "pyproject.toml"  # upstream's own
-    findings = lint([str(ported / rel) for rel in py], settings) if not missing_linters() else ["linters missing"]
+    linters = linter_python()
+    findings = (lint([str(ported / rel) for rel in py], settings, python=linters) if linters else
+                [f"linters missing and VERIFY_NO_INSTALL=1: pip install {' '.join(missing_linters())}"])
     check(not findings, f"upstream's linters on the PR's {len(py)} Python files: {len(findings)} findings")
     for line in findings[:20]:
         print(f"      {line}")
