@@ -43,5 +43,5 @@ for variant in ${VARIANTS}; do
   done
 done
 # shellcheck disable=SC2086  # lists
-"${PYTHON}" benchmarks/demo_variants_report.py --out-root "${OUT_ROOT}" --variants ${VARIANTS} --seeds ${SEEDS} \
+"${PYTHON}" benchmarks/demo_variants_report.py --out-root "${OUT_ROOT}" --variants ${VARIANTS} --seeds ${SEEDS} --with-recorded \
   | tee "${OUT_ROOT}/table.md"

@@ -5,7 +5,7 @@
 Per variant and seed: the teacher's and the student's held-out success (the SFT run's evaluations, read as
 scripts/run-tiny-tcod.sh reads them), vanilla OPD's last evaluation and the share of the teacher-student gap
 it closed; and where the run parts from the recorded one in benchmarks/results/demo_3seeds (the first SFT
-step whose record differs, timings left out; whether every OPD record is equal). Then the headline's spread
+step whose record differs, timings left out; which OPD metrics differ in any step). Then the headline's spread
 over every run with a gap: mean, sd, min, max, and how many runs closed more than half.
 """
 
@@ -43,19 +43,36 @@ def first_difference(run: list[dict], recorded: list[dict]) -> int | None:
     return None
 
 
+def _row(variant: str, seed: int, log: Path, sft_path: Path, opd_path: Path) -> dict:
+    teacher_step, student_step = demo_steps(log)
+    teacher, student = sft_successes(str(sft_path), teacher_step, student_step)
+    end = summarize(read_metrics(opd_path))["eval_success_end"]
+    return {"variant": variant, "seed": seed, "teacher": teacher, "student": student, "opd": end,
+            "closed": (end - student) / (teacher - student) if teacher > student and end is not None else None}
+
+
+def recorded_row(seed: int) -> dict:
+    """The recorded run of the seed (this machine's default kernels), as the table's first rows."""
+    run = RECORDED / f"seed{seed}"
+    return _row("recorded", seed, run / "phases.txt", run / "sft.jsonl", run / "opd.jsonl")
+
+
+def differing_keys(run: list[dict], recorded: list[dict]) -> list[str]:
+    """The metrics (timings left out) that differ from the recorded run's in any step."""
+    keys = {k for mine, theirs in zip(run, recorded) for k in set(_numbers(mine)) | set(_numbers(theirs))
+            if mine.get(k) != theirs.get(k)}
+    return sorted(keys) + (["(number of steps)"] if len(run) != len(recorded) else [])
+
+
 def run_row(out_root: Path, variant: str, seed: int) -> dict:
     run_dir = out_root / variant / f"seed{seed}"
-    teacher_step, student_step = demo_steps(out_root / variant / f"seed{seed}.log")
-    sft = read_metrics(run_dir / "sft" / "metrics.jsonl")
-    teacher, student = sft_successes(str(run_dir / "sft" / "metrics.jsonl"), teacher_step, student_step)
-    opd = read_metrics(run_dir / "opd" / "metrics.jsonl")
-    end = summarize(opd)["eval_success_end"]
-    row = {"variant": variant, "seed": seed, "teacher": teacher, "student": student, "opd": end,
-           "closed": (end - student) / (teacher - student) if teacher > student and end is not None else None}
+    row = _row(variant, seed, out_root / variant / f"seed{seed}.log", run_dir / "sft" / "metrics.jsonl",
+               run_dir / "opd" / "metrics.jsonl")
+    sft, opd = read_metrics(run_dir / "sft" / "metrics.jsonl"), read_metrics(run_dir / "opd" / "metrics.jsonl")
     recorded = RECORDED / f"seed{seed}"
     if (recorded / "sft.jsonl").exists():
         row["sft_parts_at"] = first_difference(sft, read_metrics(recorded / "sft.jsonl"))
-        row["opd_equal"] = first_difference(opd, read_metrics(recorded / "opd.jsonl")) is None
+        row["opd_differs"] = differing_keys(opd, read_metrics(recorded / "opd.jsonl"))
     return row
 
 
@@ -64,17 +81,23 @@ def _pct(value) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| variant | seed | teacher / student | vanilla OPD (gap closed) | SFT parts from the recorded run at step "
-             "| OPD records equal to the recorded |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| variant | seed | teacher / student | vanilla OPD (gap closed) | SFT parts from the recorded run "
+             "at step | OPD records equal to the recorded |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         parts = r.get("sft_parts_at", "-")
         parts = "never" if parts is None else str(parts)
-        equal = "-" if "opd_equal" not in r else ("yes" if r["opd_equal"] else "no")
+        differs = r.get("opd_differs")
+        equal = ("-" if differs is None else "yes" if not differs else
+                 f"all but {', '.join(differs)}" if len(differs) <= 2 else f"no ({len(differs)} metrics differ)")
         lines.append(f"| {r['variant']} | {r['seed']} | {r['teacher']:.2f} / {r['student']:.2f} | "
                      f"{r['opd']:.2f} ({_pct(r['closed'])}) | {parts} | {equal} |")
-    closed = [r["closed"] for r in rows if r["closed"] is not None]
+    # a rerun whose SFT never parted from the recorded run is the same run: counted once
+    recorded = {r["seed"] for r in rows if r["variant"] == "recorded"}
+    distinct = [r for r in rows if not (r["seed"] in recorded and "sft_parts_at" in r and r["sft_parts_at"] is None)]
+    closed = [r["closed"] for r in distinct if r["closed"] is not None]
     if len(closed) >= 2:
-        lines.append(f"\nGap closed by vanilla OPD over {len(closed)} runs: mean {_pct(statistics.mean(closed))}, "
+        lines.append(f"\nGap closed by vanilla OPD over {len(closed)} distinct runs: "
+                     f"mean {_pct(statistics.mean(closed))}, "
                      f"sd {_pct(statistics.stdev(closed))}, min {_pct(min(closed))}, max {_pct(max(closed))}; "
                      f"above half in {sum(c > 0.5 for c in closed)} of {len(closed)}.")
     no_gap = [f"{r['variant']} seed {r['seed']}" for r in rows if r["closed"] is None]
@@ -88,10 +111,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out-root", type=Path, required=True, help="demo_variants.sh's OUT_ROOT")
     parser.add_argument("--variants", nargs="+", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", required=True)
+    parser.add_argument("--with-recorded", action="store_true", help="the recorded runs of those seeds first")
     args = parser.parse_args(argv)
+    rows = [recorded_row(s) for s in args.seeds if (RECORDED / f"seed{s}").is_dir()] if args.with_recorded else []
     # a variant may have been run for fewer seeds (demo_variants.sh keeps finished runs): those present count
-    print(table([run_row(args.out_root, v, s) for v in args.variants for s in args.seeds
-                 if (args.out_root / v / f"seed{s}" / "opd" / "metrics.jsonl").exists()]))
+    rows += [run_row(args.out_root, v, s) for v in args.variants for s in args.seeds
+             if (args.out_root / v / f"seed{s}" / "opd" / "metrics.jsonl").exists()]
+    print(table(rows))
     return 0
 
 
