@@ -29,7 +29,8 @@ for c in "${CASES[@]}"; do
     t0=$SECONDS
     "$PY" "$REPO/tools/slime_pr/train_cpu.py" "$tree" --case "$c" --out "$WORK/out-$c" >"$WORK/$c.log" 2>&1 || true
     wall=$((SECONDS - t0))
-    last="$(tail -1 "$WORK/$c.log")"
+    # the case's last line without its temporary output folder (no machine path goes into the results)
+    last="$(tail -1 "$WORK/$c.log" | sed 's|; out /[^)]*)$|)|')"
     result=FAILED && [[ "$last" == "train_cpu $c: ok"* ]] && result=ok
     # a failed case keeps its log's tail (the work folder goes at exit)
     [[ $result == ok ]] || tail -300 "$WORK/$c.log" >"$OUT/$c.failed.log"
