@@ -67,3 +67,26 @@ def test_a_teacher_in_the_trainer_must_be_the_teacher(models):
     rollouts, wrong = _dumps(student, teacher, teacher_in_trainer=student)
     with pytest.raises(checks.CheckFailed, match="scored with another model"):
         checks.check_opd_advantages(wrong, rollouts, teacher, opd_kl_coef=COEF, teacher_in_trainer=True)
+
+
+def test_trained_tokens_must_be_the_students_own_turns(tmp_path):
+    from slime.utils.tiny_models import build_tokenizer
+
+    tok = build_tokenizer()
+    parts = [("ab<|im_start|>c<|im_end|>", 1),  # the student's turn; an untrained student writes specials too
+             ("\n<|im_start|>user\nwall<|im_end|>\n<|im_start|>assistant\n", 0),  # the environment's observation
+             ("d<|im_end|>", 1)]
+    ids, mask = [], []
+    for text, m in parts:
+        piece = tok.encode(text, add_special_tokens=False)
+        ids += piece
+        mask += [m] * len(piece)
+    sample = {"tokens": tok.encode("<|im_start|>assistant\n", add_special_tokens=False) + ids,
+              "response_length": len(ids), "loss_mask": mask}
+    assert checks.check_trained_tokens({0: [sample]}, tok) == "7 trained tokens, all in assistant turns"
+    first_obs = len(tok.encode(parts[0][0], add_special_tokens=False))
+    # the newline after the student's stop, the user header, the observation's text ("\n<|im_start|>user\nwall")
+    for pos in (first_obs, first_obs + 3, first_obs + 7):
+        leaky = {**sample, "loss_mask": [1 if i == pos else m for i, m in enumerate(mask)]}
+        with pytest.raises(checks.CheckFailed, match=f"response token {pos} "):
+            checks.check_trained_tokens({0: [leaky]}, tok)

@@ -81,6 +81,42 @@ def played_turns(sample: dict, tokenizer) -> tuple[list[str], int]:
     return [a for a in replayed if a in ACTIONS], student_turns
 
 
+def check_trained_tokens(rollouts: dict[int, list[dict]], tokenizer) -> str:
+    """Only the student's own turns are trained: read from the ChatML markers of the untrained tokens, not from the
+    rollout's bookkeeping, every token with loss mask 1 follows an assistant header (the student's text up to its
+    stop ``<|im_end|>``); headers, user / tool turns (the environment's observations) and the newlines between
+    messages carry 0. The response starts inside the assistant message the prompt opened."""
+    im_start, im_end = tokenizer.convert_tokens_to_ids("<|im_start|>"), tokenizer.convert_tokens_to_ids("<|im_end|>")
+    trained = 0
+    for step in sorted(rollouts):
+        for i, sample in enumerate(rollouts[step]):
+            if sample.get("remove_sample"):
+                continue
+            ids, mask = _response(sample)
+            state, role = "assistant", ""
+            for pos, (token, m) in enumerate(zip(ids, mask)):
+                if m:  # a sampled token: whatever the student wrote (an untrained one writes <|im_start|> too)
+                    if state != "assistant":
+                        where = {"between": "between two messages", "header": "in a message header"}.get(
+                            state, f"in a {role} message")
+                        raise CheckFailed(f"rollout {step} sample {i}: response token {pos} "
+                                          f"({tokenizer.decode([token])!r}, {where}) is trained; only the student's "
+                                          f"assistant turns may be")
+                    state = "between" if token == im_end else state  # the student's stop ends its turn
+                elif token == im_start:
+                    state, role = "header", ""
+                elif state == "header":
+                    text = tokenizer.decode([token])
+                    state = ("assistant" if role == "assistant" else "other") if text == "\n" else state
+                    role += "" if text == "\n" else text
+                elif token == im_end:
+                    state = "between"
+                trained += bool(m)
+    if not trained:
+        raise CheckFailed("no trained token in any rollout")
+    return f"{trained} trained tokens, all in assistant turns"
+
+
 def check_depths(rollouts: dict[int, list[dict]], tokenizer, *, mode: str, k_start: int, eta: int, k_max: int,
                  max_turns: int, experts: dict[str, list[str]]) -> str:
     """Every rollout step plays TCOD's depth k(n): F2B, the student plays k(n) turns from reset (fewer only when the

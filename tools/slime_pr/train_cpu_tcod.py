@@ -92,7 +92,10 @@ def _teacher_megatron(args, env, teacher: Path) -> Path:
 def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: str, experts, steps: int) -> list[str]:
     rollouts = checks.load_rollout_dumps(str(out / "rollout" / "{rollout_id}.pt"))
     train = checks.load_train_dumps(str(out / "train" / "{rollout_id}_{rank}.pt"))
-    return [checks.check_depths(rollouts, tokenizer, mode=mode, k_start=K_START, eta=ETA, k_max=MAX_TURNS,
+    # trained tokens first: an observation trained by mistake also shifts the turns the depth check counts, and
+    # this check names it
+    return [checks.check_trained_tokens(rollouts, tokenizer),
+            checks.check_depths(rollouts, tokenizer, mode=mode, k_start=K_START, eta=ETA, k_max=MAX_TURNS,
                                 max_turns=MAX_TURNS, experts=experts),
             checks.check_opd_rewards(rollouts, teacher, opd_type=opd_type),
             checks.check_opd_advantages(train, rollouts, teacher, opd_kl_coef=OPD_KL_COEF,
@@ -140,8 +143,8 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
                                            checks.load_rollout_dumps(str(resumed_out / "rollout" / "{rollout_id}.pt")),
                                            saved_step=saved))
     (args.out / "tcod_checks.json").write_text(json.dumps([*summary, loaded], indent=1))
-    first_depths, resumed_depths, advantages = summary[0], summary[4], summary[2]
-    return (f"{first_depths}, resumed {resumed_depths}; {advantages}; {loaded}; {summary[-1]}; "
+    first_depths, resumed_depths, advantages = summary[1], summary[6], summary[3]
+    return (f"{first_depths}, resumed {resumed_depths}; {summary[0]}; {advantages}; {loaded}; {summary[-1]}; "
             f"train.py {first.seconds + resumed.seconds:.0f}s")
 
 
