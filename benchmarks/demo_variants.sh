@@ -8,7 +8,6 @@
 #             native   this machine as the demo runs (the recorded runs' setting: a check that they repeat)
 #             threads2 OMP_NUM_THREADS=2 (the trainer's and the teacher's kernels split over 2 threads)
 #             avx2     ATEN_CPU_CAPABILITY=avx2 (the AVX2 kernels of a CPU without AVX-512)
-#             default  ATEN_CPU_CAPABILITY=default (no SIMD kernels; slow)
 #   SEEDS     default "0 1 2"; OUT_ROOT default outputs/demo-variants (VARIANT/seedN is the demo's OUT_DIR)
 # Runs one after another; the report goes to OUT_ROOT/table.md. Nothing here is timed.
 set -euo pipefail
@@ -25,8 +24,7 @@ variant_env() {
     native) echo "" ;;
     threads2) echo "OMP_NUM_THREADS=2" ;;
     avx2) echo "ATEN_CPU_CAPABILITY=avx2" ;;
-    default) echo "ATEN_CPU_CAPABILITY=default" ;;
-    *) echo "demo_variants.sh: unknown variant '$1' (choose from: native threads2 avx2 default)" >&2; return 2 ;;
+    *) echo "demo_variants.sh: unknown variant '$1' (choose from: native threads2 avx2)" >&2; return 2 ;;
   esac
 }
 for variant in ${VARIANTS}; do variant_env "${variant}" > /dev/null || exit 2; done
