@@ -35,10 +35,10 @@ def _numbers(row: dict) -> dict:
 
 def first_difference(run: list[dict], recorded: list[dict]) -> int | None:
     """The first step whose record (timings left out) differs from the recorded run's; None if all are equal."""
-    for mine, theirs in zip(run, recorded):
+    for index, (mine, theirs) in enumerate(zip(run, recorded)):
         if _numbers(mine) != _numbers(theirs):
-            return mine.get("step")
-    if len(run) != len(recorded):
+            return mine.get("step", index)
+    if len(run) != len(recorded):  # one run has steps the other has not: they part at the first of those
         return min(len(run), len(recorded))
     return None
 
@@ -89,11 +89,13 @@ def table(rows: list[dict]) -> str:
         differs = r.get("opd_differs")
         equal = ("-" if differs is None else "yes" if not differs else
                  f"all but {', '.join(differs)}" if len(differs) <= 2 else f"no ({len(differs)} metrics differ)")
+        opd = "-" if r["opd"] is None else f"{r['opd']:.2f}"
         lines.append(f"| {r['variant']} | {r['seed']} | {r['teacher']:.2f} / {r['student']:.2f} | "
-                     f"{r['opd']:.2f} ({_pct(r['closed'])}) | {parts} | {equal} |")
-    # a rerun whose SFT never parted from the recorded run is the same run: counted once
-    recorded = {r["seed"] for r in rows if r["variant"] == "recorded"}
-    distinct = [r for r in rows if not (r["seed"] in recorded and "sft_parts_at" in r and r["sft_parts_at"] is None)]
+                     f"{opd} ({_pct(r['closed'])}) | {parts} | {equal} |")
+    # a rerun with the recorded run's SFT and its OPD result is the same run for the headline: counted once
+    recorded = {r["seed"]: r["opd"] for r in rows if r["variant"] == "recorded"}
+    distinct = [r for r in rows if not (r["variant"] != "recorded" and r["seed"] in recorded
+                                        and r.get("sft_parts_at", 0) is None and r["opd"] == recorded[r["seed"]])]
     closed = [r["closed"] for r in distinct if r["closed"] is not None]
     if len(closed) >= 2:
         lines.append(f"\nGap closed by vanilla OPD over {len(closed)} distinct runs: "

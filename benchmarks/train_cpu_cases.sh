@@ -23,7 +23,15 @@ for c in "${CASES[@]}"; do
     if [[ -n $pr ]]; then
         # one ported copy per PR, made the first time a case needs it
         tree="$WORK/slime-$pr"
-        [[ -d $tree ]] || { cp -a "$SLIME_DIR" "$tree" && "$PY" "$REPO/tools/slime_pr/port.py" --pr "$pr" "$tree" >/dev/null; }
+        if [[ ! -d $tree ]] && ! { cp -a "$SLIME_DIR" "$tree" && "$PY" "$REPO/tools/slime_pr/port.py" --pr "$pr" "$tree" \
+                >"$WORK/port-$pr.log" 2>&1; }; then
+            # a PR that does not port is this case's result, not the end of the table
+            printf '%s\t%s\tFAILED\t0\t-\tport.py --pr %s failed: %s\n' "$(date -u +%FT%TZ)" "$c" "$pr" \
+                "$(tail -1 "$WORK/port-$pr.log" | sed "s|$WORK/||g" | cut -c1-300)" >>"$OUT/cases.tsv"
+            echo "$c: FAILED (port.py --pr $pr; see its last line in cases.tsv)"
+            rm -rf "$tree"
+            continue
+        fi
     fi
     load="$(cut -d' ' -f1 /proc/loadavg)"
     t0=$SECONDS
@@ -33,7 +41,7 @@ for c in "${CASES[@]}"; do
     last="$(tail -1 "$WORK/$c.log" | sed 's|; out /[^)]*)$|)|')"
     result=FAILED && [[ "$last" == "train_cpu $c: ok"* ]] && result=ok
     # a failed case keeps its log's tail (the work folder goes at exit)
-    [[ $result == ok ]] || tail -300 "$WORK/$c.log" >"$OUT/$c.failed.log"
+    if [[ $result == ok ]]; then rm -f "$OUT/$c.failed.log"; else tail -300 "$WORK/$c.log" >"$OUT/$c.failed.log"; fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$c" "$result" "$wall" "$load" "${last:0:400}" >>"$OUT/cases.tsv"
     echo "$c: $result in ${wall}s (load $load)"
 done

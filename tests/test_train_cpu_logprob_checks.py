@@ -90,3 +90,29 @@ def test_trained_tokens_must_be_the_students_own_turns(tmp_path):
         leaky = {**sample, "loss_mask": [1 if i == pos else m for i, m in enumerate(mask)]}
         with pytest.raises(checks.CheckFailed, match=f"response token {pos} "):
             checks.check_trained_tokens({0: [leaky]}, tok)
+
+
+def test_a_cut_turns_closing_token_is_not_the_students():
+    from slime.utils.tiny_models import build_tokenizer
+
+    tok = build_tokenizer()
+    # the student's turn was cut by its budget: the rollout closes it with a masked <|im_end|> it never sampled
+    parts = [("ab", 1), ("<|im_end|>\n<|im_start|>user\nwall<|im_end|>\n<|im_start|>assistant\n", 0), ("d", 1)]
+    ids, mask = [], []
+    for text, m in parts:
+        piece = tok.encode(text, add_special_tokens=False)
+        ids, mask = ids + piece, mask + [m] * len(piece)
+    sampled = [-1.5 if m else 0.0 for m in mask]
+    sample = {"tokens": ids, "response_length": len(ids), "loss_mask": mask, "rollout_log_probs": sampled}
+    assert checks.check_trained_tokens({0: [sample]}, tok) == "3 trained tokens, all in assistant turns"
+    # the newline after the masked close is outside every message (the close ends the assistant message)
+    after_close = {**sample, "loss_mask": [1 if i == 3 else m for i, m in enumerate(mask)],
+                   "rollout_log_probs": [-1.5 if i == 3 else x for i, x in enumerate(sampled)]}
+    with pytest.raises(checks.CheckFailed, match="response token 3 .*between two messages"):
+        checks.check_trained_tokens({0: [after_close]}, tok)
+    # the close itself trained (a loss mask shifted by one): its rollout log-prob 0.0 says nobody sampled it
+    close_trained = {**sample, "loss_mask": [1 if i == 2 else m for i, m in enumerate(mask)]}
+    with pytest.raises(checks.CheckFailed, match="response token 2 .*not sampled"):
+        checks.check_trained_tokens({0: [close_trained]}, tok)
+    with pytest.raises(checks.CheckFailed, match="loss-mask entries"):
+        checks.check_trained_tokens({0: [{**sample, "loss_mask": mask[:-1]}]}, tok)

@@ -372,6 +372,7 @@ def test_linters_come_from_a_cached_venv_of_their_own_or_are_named(tmp_path, mon
         calls.append(cmd)
         if cmd[1:3] == ["-m", "venv"]:
             Path(cmd[-1], "bin").mkdir(parents=True)
+            Path(cmd[-1], "bin", "python").touch()
 
     monkeypatch.setattr(verify_pr.subprocess, "run", run)
     monkeypatch.setenv("VERIFY_NO_INSTALL", "1")

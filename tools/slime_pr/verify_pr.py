@@ -74,15 +74,20 @@ def linter_python() -> str | None:
         return sys.executable
     pins = sorted(f"{tool}=={want}" for tool, want in PINNED.items())
     root = Path(os.environ.get("LINTERS_CACHE") or Path.home() / ".cache" / "slime-tcod" / "linters")
-    venv = root / hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12]
+    key = " ".join([*pins, sys.version.split()[0]])  # a venv is bound to the Python that made it
+    venv = root / hashlib.sha256(key.encode()).hexdigest()[:12]
     python, done = venv / "bin" / "python", venv / ".complete"
-    if done.is_file():
+    if done.is_file() and python.exists():
         return str(python)
     if os.environ.get("VERIFY_NO_INSTALL") == "1":
         return None
     print(f"verify_pr.py: installing slime's pinned linters ({' '.join(pins)}) into {venv}, once ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    except subprocess.CalledProcessError as err:
+        print(f"verify_pr.py: could not install the linters ({err}); pip install {' '.join(pins)} by hand", flush=True)
+        return None
     done.write_text(" ".join(pins) + "\n")
     return str(python)
 
@@ -205,7 +210,8 @@ def main(argv=None) -> int:
     if opts.lint:
         linters = linter_python()
         if linters is None:
-            print(f"verify_pr.py: VERIFY_NO_INSTALL=1 and no pinned linters: pip install {' '.join(missing_linters())}")
+            print(f"verify_pr.py: no pinned linters (VERIFY_NO_INSTALL=1, or their install failed): "
+                  f"pip install {' '.join(missing_linters())}")
             return 2
         if not opts.paths:
             parser.error("--lint needs SLIME_DIR, an upstream checkout whose pyproject.toml holds the settings")
@@ -245,7 +251,8 @@ def main(argv=None) -> int:
     settings = pristine / "pyproject.toml"  # upstream's own
     linters = linter_python()
     findings = (lint([str(ported / rel) for rel in py], settings, python=linters) if linters else
-                [f"linters missing and VERIFY_NO_INSTALL=1: pip install {' '.join(missing_linters())}"])
+                [f"linters missing (VERIFY_NO_INSTALL=1, or their install failed): "
+                 f"pip install {' '.join(missing_linters())}"])
     check(not findings, f"upstream's linters on the PR's {len(py)} Python files: {len(findings)} findings")
     for line in findings[:20]:
         print(f"      {line}")
