@@ -43,10 +43,10 @@ def first_difference(run: list[dict], recorded: list[dict]) -> int | None:
     return None
 
 
-def _row(variant: str, seed: int, log: Path, sft_path: Path, opd_path: Path) -> dict:
+def _row(variant: str, seed: int, log: Path, sft_path: Path, opd: list[dict]) -> dict:
     teacher_step, student_step = demo_steps(log)
     teacher, student = sft_successes(str(sft_path), teacher_step, student_step)
-    end = summarize(read_metrics(opd_path))["eval_success_end"]
+    end = summarize(opd)["eval_success_end"]
     return {"variant": variant, "seed": seed, "teacher": teacher, "student": student, "opd": end,
             "closed": (end - student) / (teacher - student) if teacher > student and end is not None else None}
 
@@ -54,7 +54,7 @@ def _row(variant: str, seed: int, log: Path, sft_path: Path, opd_path: Path) -> 
 def recorded_row(seed: int) -> dict:
     """The recorded run of the seed (this machine's default kernels), as the table's first rows."""
     run = RECORDED / f"seed{seed}"
-    return _row("recorded", seed, run / "phases.txt", run / "sft.jsonl", run / "opd.jsonl")
+    return _row("recorded", seed, run / "phases.txt", run / "sft.jsonl", read_metrics(run / "opd.jsonl"))
 
 
 def differing_keys(run: list[dict], recorded: list[dict]) -> list[str]:
@@ -66,9 +66,8 @@ def differing_keys(run: list[dict], recorded: list[dict]) -> list[str]:
 
 def run_row(out_root: Path, variant: str, seed: int) -> dict:
     run_dir = out_root / variant / f"seed{seed}"
-    row = _row(variant, seed, out_root / variant / f"seed{seed}.log", run_dir / "sft" / "metrics.jsonl",
-               run_dir / "opd" / "metrics.jsonl")
     sft, opd = read_metrics(run_dir / "sft" / "metrics.jsonl"), read_metrics(run_dir / "opd" / "metrics.jsonl")
+    row = _row(variant, seed, out_root / variant / f"seed{seed}.log", run_dir / "sft" / "metrics.jsonl", opd)
     recorded = RECORDED / f"seed{seed}"
     if (recorded / "sft.jsonl").exists():
         row["sft_parts_at"] = first_difference(sft, read_metrics(recorded / "sft.jsonl"))

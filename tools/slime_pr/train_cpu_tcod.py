@@ -2,7 +2,8 @@
 
 ``tcod-f2b`` and ``tcod-b2f`` (teacher on an hf_engine server, ``--opd-type sglang``) and ``tcod-megatron-teacher``
 (B2F, the teacher in the trainer, ``--opd-type megatron``: B2F's replayed expert steps earn an environment
-return, which pure OPD must keep out of the reward; an untrained student's own F2B turns earn none). Each trains a tiny Qwen3-shaped student on 2 gloo ranks
+return, which pure OPD must keep out of the reward; an untrained student's own F2B turns earn none).
+Each trains a tiny Qwen3-shaped student on 2 gloo ranks
 for ``FIRST_ROLLOUTS`` rollouts with a checkpoint after each, then resumes from the last checkpoint for one more,
 with the student's rollouts served by hf_engine processes as slime's external engines (weights synced with
 ``--update-weight-transport disk``). The checks (``train_cpu_checks``) read slime's own debug dumps: every step's
@@ -89,18 +90,24 @@ def _teacher_megatron(args, env, teacher: Path) -> Path:
     return dst
 
 
-def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: str, experts, steps: int) -> list[str]:
+def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: str, experts, steps: int,
+               loaded_student=None) -> tuple[dict[str, str], dict[int, list[dict]]]:
+    """The run's checks by name, and its rollout dumps (the resume check compares two runs' dumps). With
+    ``loaded_student`` (the first run: no update yet) the trainer's first log-probs are checked against it."""
     rollouts = checks.load_rollout_dumps(str(out / "rollout" / "{rollout_id}.pt"))
     train = checks.load_train_dumps(str(out / "train" / "{rollout_id}_{rank}.pt"))
     # trained tokens first: an observation trained by mistake also shifts the turns the depth check counts, and
     # this check names it
-    return [checks.check_trained_tokens(rollouts, tokenizer),
-            checks.check_depths(rollouts, tokenizer, mode=mode, k_start=K_START, eta=ETA, k_max=MAX_TURNS,
-                                max_turns=MAX_TURNS, experts=experts),
-            checks.check_opd_rewards(rollouts, teacher, opd_type=opd_type),
-            checks.check_opd_advantages(train, rollouts, teacher, opd_kl_coef=OPD_KL_COEF,
-                                        teacher_in_trainer=opd_type == "megatron"),
-            checks.check_losses_finite(run.text(), min_steps=steps)]
+    found = {"trained": checks.check_trained_tokens(rollouts, tokenizer),
+             "depths": checks.check_depths(rollouts, tokenizer, mode=mode, k_start=K_START, eta=ETA, k_max=MAX_TURNS,
+                                           max_turns=MAX_TURNS, experts=experts),
+             "rewards": checks.check_opd_rewards(rollouts, teacher, opd_type=opd_type),
+             "advantages": checks.check_opd_advantages(train, rollouts, teacher, opd_kl_coef=OPD_KL_COEF,
+                                                       teacher_in_trainer=opd_type == "megatron"),
+             "losses": checks.check_losses_finite(run.text(), min_steps=steps)}
+    if loaded_student is not None:
+        found["loaded"] = checks.check_trainer_logprobs(train[min(train)], loaded_student)
+    return found, rollouts
 
 
 def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
@@ -115,7 +122,6 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
     teacher_model = AutoModelForCausalLM.from_pretrained(teacher).eval()
     student_model = AutoModelForCausalLM.from_pretrained(student).eval()
     save = args.out / "ckpt"
-    summary = []
     with engines_mod.start_engines(student, teacher if opd_type == "sglang" else None, args.out / "engine_logs",
                                    students=2) as engines:
         common = dict(student=student, train_data=train_data, config=config, mode=mode, opd_type=opd_type,
@@ -124,10 +130,9 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
         first = run_train(args, env, Run("first", tcod_flags(out=first_out, num_rollout=FIRST_ROLLOUTS, load=student,
                                                              **common), first_out / "train.log"), NUM_GPUS)
         require_ok(first)
-        summary += _check_run(first_out, first, tokenizer, teacher_model, mode=mode, opd_type=opd_type,
-                              experts=experts, steps=FIRST_ROLLOUTS)
-        loaded = checks.check_trainer_logprobs(
-            checks.load_train_dumps(str(first_out / "train" / "{rollout_id}_{rank}.pt"))[0], student_model)
+        first_checks, first_rollouts = _check_run(first_out, first, tokenizer, teacher_model, mode=mode,
+                                                   opd_type=opd_type, experts=experts, steps=FIRST_ROLLOUTS,
+                                                   loaded_student=student_model)
         latest = save / "latest_checkpointed_iteration.txt"
         saved = int(latest.read_text().strip()) if latest.is_file() else None
         if saved != FIRST_ROLLOUTS - 1:
@@ -137,14 +142,14 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
                                                                  load=save, **common), resumed_out / "train.log"),
                             NUM_GPUS)
         require_ok(resumed)
-        summary += _check_run(resumed_out, resumed, tokenizer, teacher_model, mode=mode, opd_type=opd_type,
-                              experts=experts, steps=TOTAL_ROLLOUTS - FIRST_ROLLOUTS)
-        summary.append(checks.check_resume(checks.load_rollout_dumps(str(first_out / "rollout" / "{rollout_id}.pt")),
-                                           checks.load_rollout_dumps(str(resumed_out / "rollout" / "{rollout_id}.pt")),
-                                           saved_step=saved))
-    (args.out / "tcod_checks.json").write_text(json.dumps([*summary, loaded], indent=1))
-    first_depths, resumed_depths, advantages = summary[1], summary[6], summary[3]
-    return (f"{first_depths}, resumed {resumed_depths}; {summary[0]}; {advantages}; {loaded}; {summary[-1]}; "
+        resumed_checks, resumed_rollouts = _check_run(resumed_out, resumed, tokenizer, teacher_model, mode=mode,
+                                                       opd_type=opd_type, experts=experts,
+                                                       steps=TOTAL_ROLLOUTS - FIRST_ROLLOUTS)
+        resume = checks.check_resume(first_rollouts, resumed_rollouts, saved_step=saved)
+    (args.out / "tcod_checks.json").write_text(json.dumps({"first": first_checks, "resumed": resumed_checks,
+                                                           "resume": resume}, indent=1))
+    return (f"{first_checks['depths']}, resumed {resumed_checks['depths']}; {first_checks['trained']}; "
+            f"{first_checks['advantages']}; {first_checks['loaded']}; {resume}; "
             f"train.py {first.seconds + resumed.seconds:.0f}s")
 
 
