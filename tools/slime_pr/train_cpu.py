@@ -1,15 +1,21 @@
 """Run slime's own train.py, unmodified, on this CPU machine and check what a case is for.
 
-    python tools/slime_pr/train_cpu.py SLIME_DIR --case CASE [--out DIR]
+    python tools/slime_pr/train_cpu.py SLIME_DIR --case CASE [--out DIR] [--engine sglang|hf_engine]
+                                       [--extra-args '--lr 2e-5 ...'] [--compare EARLIER_OUT]
 
 SLIME_DIR is a slime checkout (pristine, or with a PR ported by port.py); not one of its files changes (checked with a
 digest before and after). The run happens in the harness's cached venv (train_cpu_env.py) with Megatron-LM from
 MEGATRON_LM_DIR plus slime's megatron.patch, the CPU shims of cpu_shims/ on PYTHONPATH (sitecustomize arms them in the
 driver and in every Ray worker), 2 training processes over gloo, a tiny Qwen3-shaped HF checkpoint made in the run.
+The cases that generate (the TCOD ones, slime-engines) do it on real SGLang 0.5.15.post1 servers (``--engine sglang``,
+the default) or on this repository's hf_engine (``--engine hf_engine``, faster to start).
 The last line is ``train_cpu CASE: ok (...)`` or ``train_cpu CASE: FAILED: <why>``; the exit status is 0 only if ok.
+Every training step's numbers, at full precision, go to OUT/steps.jsonl; ``--compare EARLIER_OUT`` prints them beside
+an earlier run's. No process the case started outlives it (train_cpu_reaper.py).
 
 Cases: pristine-grpo (slime's GRPO, train-only on saved rollout data, 2 steps, a checkpoint); kl-adaptive (the KL PR:
-PPO with --kl-ctrl adaptive, see train_cpu_kl.py).
+PPO with --kl-ctrl adaptive, see train_cpu_kl.py); tcod-f2b, tcod-b2f, tcod-megatron-teacher and slime-engines (the
+TCOD PR, see train_cpu_tcod.py).
 """
 
 from __future__ import annotations
@@ -18,13 +24,11 @@ import argparse
 import hashlib
 import json
 import os
-import re
-import signal
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,18 +36,24 @@ REPO = HERE.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SHIMS = HERE / "cpu_shims"
-CASES = ("pristine-grpo", "kl-adaptive", "tcod-f2b", "tcod-b2f", "tcod-megatron-teacher")
-RUN_TIMEOUT = int(os.environ.get("TRAIN_CPU_TIMEOUT", "900"))
-STEP_LINE = re.compile(r"\bstep (\d+): (\{.*\})\s*$")
+from tools.slime_pr import train_cpu_reaper as reaper  # noqa: E402
+from tools.slime_pr.train_cpu_run import (  # noqa: E402,F401  (parse_steps, require_ok: the tests' names)
+    CPU_FLAGS,
+    CaseFailed,
+    Run,
+    harness_env,
+    hf_model_flags,
+    parse_steps,
+    require_ok,
+    run_train,
+    say,
+    write_steps,
+)
 
-
-class CaseFailed(RuntimeError):
-    """Why a case failed (one line), with optional detail (a log's tail) printed before that last line."""
-
-    def __init__(self, why: str, detail: str = ""):
-        super().__init__(why)
-        self.detail = detail
+CASES = ("pristine-grpo", "kl-adaptive", "tcod-f2b", "tcod-b2f", "tcod-megatron-teacher", "slime-engines")
+ENGINES = ("sglang", "hf_engine")
+# Which numbers of slime's step lines --compare puts side by side (all of them go to steps.jsonl).
+COMPARED = ("train/loss", "train/pg_loss", "train/grad_norm", "train/pg_clipfrac", "train/ppo_kl")
 
 
 # ------------------------------------------------------------------------------------------ arguments
@@ -52,7 +62,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("slime_dir", type=Path, help="a slime checkout (only read)")
     ap.add_argument("--case", required=True, choices=CASES)
     ap.add_argument("--out", type=Path, default=None, help="where the run writes (default: a new temp dir)")
+    ap.add_argument("--engine", choices=ENGINES, default="sglang",
+                    help="what serves the student and the OPD teacher: real SGLang 0.5.15.post1 (default) or this "
+                         "repository's hf_engine (starts in ~20 s instead of 1-3 min)")
+    ap.add_argument("--extra-args", default="", metavar="'FLAGS'",
+                    help="your own slime flags, one shell-quoted string, added after the case's flags of every "
+                         "train.py invocation (so they win), e.g. --extra-args '--lr 2e-5 --eps-clip 0.1'")
+    ap.add_argument("--compare", type=Path, default=None, metavar="EARLIER_OUT",
+                    help="an earlier run's --out: print each step's loss and grad norm beside that run's")
     args = ap.parse_args(argv)
+    try:
+        args.extra_args = shlex.split(args.extra_args)
+    except ValueError as exc:
+        ap.error(f"--extra-args {args.extra_args!r} does not parse as shell words: {exc}")
+    if args.compare is not None and not (args.compare / "steps.jsonl").is_file():
+        ap.error(f"--compare {args.compare}: no steps.jsonl there (give the --out of an earlier train_cpu run)")
     if not (args.slime_dir / "train.py").is_file() or not (args.slime_dir / "slime/utils/arguments.py").is_file():
         ap.error(f"SLIME_DIR {args.slime_dir} is not a slime checkout (no train.py / slime/utils/arguments.py)")
     args.slime_dir = args.slime_dir.resolve()
@@ -79,134 +103,6 @@ def tree_digest(root: Path) -> str:
             if path.is_file() and not path.is_symlink():
                 h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------ a run of train.py
-@dataclass
-class Run:
-    """One train.py invocation: its flags, its log, what it printed."""
-
-    name: str
-    flags: list[str]
-    log: Path
-    rc: int | None = None
-    seconds: float = 0.0
-    steps: list[dict] = field(default_factory=list)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-def hf_model_flags(ckpt: Path) -> list[str]:
-    """Megatron's model flags for the HF Qwen3 checkpoint (as slime's scripts/models/qwen3-*.sh spell them)."""
-    cfg = json.loads((ckpt / "config.json").read_text())
-    rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1000000)
-    # Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by (128 by default), and the
-    # padded rows' logits (0) join every softmax: with a tiny vocab of 100 that shifts every log-prob by
-    # log(128/100). slime's scripts set the divisor where a vocab is not a multiple of 128 (glm4.7: 64); here the
-    # largest power of two dividing the vocab, so Megatron's vocabulary is the checkpoint's.
-    divisor = cfg["vocab_size"] & -cfg["vocab_size"]
-    return ["--swiglu", "--num-layers", str(cfg["num_hidden_layers"]), "--hidden-size", str(cfg["hidden_size"]),
-            "--ffn-hidden-size", str(cfg["intermediate_size"]), "--num-attention-heads", str(cfg["num_attention_heads"]),
-            "--group-query-attention", "--num-query-groups", str(cfg["num_key_value_heads"]),
-            "--kv-channels", str(cfg["head_dim"]), "--use-rotary-position-embeddings", "--disable-bias-linear",
-            "--normalization", "RMSNorm", "--norm-epsilon", str(cfg["rms_norm_eps"]), "--rotary-base", str(int(rope)),
-            "--vocab-size", str(cfg["vocab_size"]), "--make-vocab-size-divisible-by", str(divisor),
-            "--qk-layernorm", "--untie-embeddings-and-output-weights"]
-
-
-# What a CPU cannot do, and Megatron's defaults that assume it can: TransformerEngine (local spec), fused kernels,
-# CUDA initialisation; no dropout so runs repeat. Megatron computes in bf16 here too, as slime makes it
-# (megatron_utils/arguments.py: args.bf16 = not args.fp16).
-CPU_FLAGS = ["--transformer-impl", "local", "--use-cpu-initialization", "--no-persist-layer-norm",
-             "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion",
-             "--no-bias-dropout-fusion", "--no-rope-fusion", "--attention-dropout", "0", "--hidden-dropout", "0",
-             "--distributed-backend", "gloo", "--distributed-timeout-minutes", "10",
-             # slime sizes the LR / weight-decay schedules from --num-rollout, and Megatron refuses a resume whose
-             # schedule lengths differ from the checkpoint's: each case resumes with one more rollout, so the
-             # schedule comes from the checkpoint (Megatron's own flag for it).
-             "--use-checkpoint-opt_param-scheduler"]
-
-
-def run_train(args, env: dict, run: Run, num_gpus: int) -> Run:
-    cmd = [env["TRAIN_CPU_PYTHON"], "-m", "slime_cpu_shims.driver", str(num_gpus), str(args.slime_dir / "train.py"),
-           *run.flags]
-    run.log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    with open(run.log, "w") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n\n")
-        fh.flush()
-        # Its own session, so that a timeout ends it and every Ray process it started, and nothing else.
-        proc = subprocess.Popen(cmd, cwd=args.out, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            run.rc = proc.wait(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            run.rc = 124
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-    run.seconds = time.monotonic() - t0
-    run.steps = parse_steps(run.text())
-    return run
-
-
-def parse_steps(text: str) -> list[dict]:
-    """slime's per-step training log lines (``step N: {...}``, model.py) as dicts."""
-    import ast
-
-    out = []
-    for line in text.splitlines():
-        m = STEP_LINE.search(line)
-        if m:
-            try:
-                d = ast.literal_eval(m.group(2))
-            except (ValueError, SyntaxError):
-                continue
-            d["_step"] = int(m.group(1))
-            out.append(d)
-    return out
-
-
-def require_ok(run: Run) -> None:
-    if run.rc != 0:
-        lines = run.text().splitlines()
-        errors = [ln.strip() for ln in lines if re.search(r"(Error|Exception)\b.*:", ln) and "Warning" not in ln]
-        why = "timed out" if run.rc == 124 else f"exit {run.rc}"
-        last_error = f": {errors[-1][:300]}" if errors else ""
-        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s{last_error} (log {run.log})",
-                         "\n".join(lines[-40:]))
-
-
-def harness_env(args) -> dict:
-    from tools.slime_pr import train_cpu_env
-
-    venv = train_cpu_env.build_venv()
-    meg = train_cpu_env.megatron_copy(train_cpu_env.megatron_dir_from_env(), args.slime_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CUDA_"))}
-    env.update({
-        "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-        "VIRTUAL_ENV": str(venv),
-        "TRAIN_CPU_PYTHON": str(venv / "bin/python"),
-        # SLIME_DIR before Megatron-LM, whose examples/ package would hide slime's.
-        "PYTHONPATH": os.pathsep.join([str(SHIMS), str(args.slime_dir), str(meg)]),
-        # No __pycache__ written into SLIME_DIR (or the Megatron copy) by any process of the run.
-        "PYTHONPYCACHEPREFIX": str(args.out / "pycache"),
-        "SLIME_TRAIN_CPU_SHIMS": "1",
-        "SLIME_ACCELERATOR": "cpu",
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_raylet_start_wait_time_s": "180",
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "WANDB_MODE": "disabled",
-        "RAY_DEDUP_LOGS": "0",
-        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    })
-    return env
 
 
 def make_student(out: Path, seed: int = 0, name: str = "student_hf") -> Path:
@@ -277,10 +173,7 @@ def check_trained(run: Run, save: Path, num_rollout: int) -> str:
                          f"(latest_checkpointed_iteration.txt: {latest.read_text().strip() if latest.is_file() else '-'})")
     if not all(s.get("train/grad_norm", 0) > 0 for s in run.steps):
         raise CaseFailed(f"a step without a gradient: {[s.get('train/grad_norm') for s in run.steps]}")
-    losses = [f"{s.get('train/loss', float('nan')):.3g}" for s in run.steps]
-    norms = [f"{s['train/grad_norm']:.3g}" for s in run.steps]
-    return (f"{len(run.steps)} steps on 2 ranks, losses {losses}, grad norms {norms}, checkpoint iter "
-            f"{num_rollout - 1}, train.py {run.seconds:.0f}s")
+    return f"{len(run.steps)} steps on 2 ranks, checkpoint iter {num_rollout - 1}, train.py {run.seconds:.0f}s"
 
 
 def case_kl_adaptive(args, env) -> str:
@@ -343,19 +236,41 @@ CASE_FUNCS = {"pristine-grpo": case_pristine_grpo, "kl-adaptive": case_kl_adapti
 
 
 def _tcod_case(case: str):
-    """The TCOD PR's cases live in train_cpu_tcod.py (which imports this module, so it is imported late)."""
+    """The TCOD PR's cases live in train_cpu_tcod.py, imported when one runs (it needs torch and transformers)."""
     def run(args, env):
         from tools.slime_pr import train_cpu_tcod
 
-        try:
-            return train_cpu_tcod.run_case(case)(args, env)
-        except train_cpu_tcod.CaseFailed as exc:  # another class object when this file runs as __main__
-            raise CaseFailed(str(exc)) from None
+        return train_cpu_tcod.run_case(case)(args, env)
 
     return run
 
 
-CASE_FUNCS.update({case: _tcod_case(case) for case in ("tcod-f2b", "tcod-b2f", "tcod-megatron-teacher")})
+CASE_FUNCS.update({case: _tcod_case(case) for case in CASES if case.startswith("tcod-") or case == "slime-engines"})
+
+
+def losses_line(runs: list[Run]) -> str:
+    """Each step's loss and grad norm at full precision (repr): a change of 1e-4 in slime's loss shows."""
+    steps = [s for r in runs for s in r.steps]
+    return (f"losses {[s.get('train/loss') for s in steps]}, "
+            f"grad norms {[s.get('train/grad_norm') for s in steps]}")
+
+
+def compare(earlier: Path, now: Path) -> list[str]:
+    """Lines putting this run's steps beside an earlier run's, key by key (COMPARED), with the difference."""
+    def load(path):
+        return [json.loads(line) for line in (path / "steps.jsonl").read_text().splitlines() if line.strip()]
+
+    old, new = load(earlier), load(now)
+    lines = [f"compare: {len(new)} step(s) here, {len(old)} in {earlier}"]
+    for i, (a, b) in enumerate(zip(old, new)):
+        for key in COMPARED:
+            if key in a or key in b:
+                x, y = a.get(key), b.get(key)
+                diff = (y - x) if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None
+                mark = "same" if x == y else f"diff {diff:+.6g}" if diff is not None else "differs"
+                lines.append(f"  {b.get('run', a.get('run', '?'))} step {b.get('_step', i)} {key}: "
+                             f"earlier {x!r}  now {y!r}  ({mark})")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -363,6 +278,15 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     before = tree_digest(args.slime_dir)
     t0 = time.monotonic()
+    # Every process of the case carries this token; the watchdog sweeps them if this process dies, the finally
+    # below if it does not.
+    token, saved_env = reaper.new_token(), os.environ.get(reaper.ENV_KEY)
+    os.environ[reaper.ENV_KEY] = token
+    watchdog = reaper.start_watchdog(token)
+    args.runs = []  # every train.py Run of the case, for steps.jsonl and the result line
+    say(f"train_cpu {args.case}: engine {args.engine}; output under {args.out}"
+        + (f"; your flags: {' '.join(args.extra_args)}" if args.extra_args else ""))
+    rc, last = 1, ""
     try:
         if args.case not in CASE_FUNCS:
             raise CaseFailed(f"case {args.case} is not implemented yet")
@@ -371,16 +295,32 @@ def main(argv=None) -> int:
         after = tree_digest(args.slime_dir)
         if after != before:
             raise CaseFailed(f"SLIME_DIR {args.slime_dir} changed during the run (digest {before[:12]} -> {after[:12]})")
+        rc = 0
+        last = (f"train_cpu {args.case}: ok ({summary}; {losses_line(args.runs)}; engine {args.engine}; "
+                f"wall {time.monotonic() - t0:.0f}s; out {args.out})")
     except CaseFailed as exc:
         if exc.detail:
             print(exc.detail, flush=True)
-        print(f"train_cpu {args.case}: FAILED: {exc}", flush=True)
-        return 1
-    except Exception as exc:  # the harness itself (env build, a shim refusing): still one last line
-        print(f"train_cpu {args.case}: FAILED: {type(exc).__name__}: {exc}", flush=True)
-        return 1
-    print(f"train_cpu {args.case}: ok ({summary}; wall {time.monotonic() - t0:.0f}s; out {args.out})", flush=True)
-    return 0
+        last = f"train_cpu {args.case}: FAILED: {exc}"
+    except KeyboardInterrupt:
+        rc, last = 130, f"train_cpu {args.case}: FAILED: interrupted after {time.monotonic() - t0:.0f}s"
+    except Exception as exc:  # the harness itself (env build, a shim refusing, a check): still one last line
+        last = f"train_cpu {args.case}: FAILED: {type(exc).__name__}: {exc}"
+    finally:
+        stray = reaper.sweep(token)
+        reaper.stop_watchdog(watchdog)
+        if saved_env is None:
+            os.environ.pop(reaper.ENV_KEY, None)
+        else:
+            os.environ[reaper.ENV_KEY] = saved_env
+    write_steps(args.out / "steps.jsonl", args.runs)
+    if stray:
+        say(f"ended {len(stray)} process(es) of the case still running at its end (pids {stray[:8]})")
+    if args.compare is not None:
+        for line in compare(args.compare, args.out):
+            print(line, flush=True)
+    print(last, flush=True)
+    return rc
 
 
 if __name__ == "__main__":

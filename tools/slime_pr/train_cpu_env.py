@@ -49,6 +49,11 @@ PIP_LINES: tuple[tuple[str, ...], ...] = (
      "triton", "pillow", "ipython", "pyzmq", "dill", "partial_json_parser", "sentencepiece", "six", "fastapi",
      "uvicorn", "psutil", "pybase64", "orjson", "msgspec", "pydantic"),
     ("--no-deps", "sglang==0.5.15.post1", "torch_memory_saver==0.0.10"),
+    # what SGLang's server imports beyond that, so the harness's engines and teacher are real SGLang servers (pins:
+    # SGLang 0.5.15.post1's own requirements where it pins)
+    ("jsonschema", "soundfile==0.13.1", "xgrammar==0.2.1", "apache-tvm-ffi==0.1.11", "openai-harmony==0.0.4",
+     "compressed-tensors", "gguf", "scipy", "tiktoken", "setproctitle", "uvloop", "python-multipart", "watchfiles",
+     "zstandard", "distro", "prometheus-client>=0.20.0", "interegular", "blobfile==3.0.0"),
 )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tools.slime_pr import train_cpu_checks as checks
 from tools.slime_pr import train_cpu_engines as engines_mod
-from tools.slime_pr.train_cpu import CPU_FLAGS, CaseFailed, Run, hf_model_flags, require_ok, run_train
+from tools.slime_pr.train_cpu_run import CPU_FLAGS, CaseFailed, Run, hf_model_flags, require_ok, run_train
 
 # The GPU test's settings (tests/test_qwen3_0.6B_tcod.py: 4 turns, eta 1, so the depth grows 1, 2, 3), with
 # 16-token turns and 2 tasks x 2 samples a step.
