@@ -1,14 +1,21 @@
-"""The inference side of ``train_cpu.py``: this repository's hf_engine as slime's external SGLang engines and as
-the OPD teacher server, the tiny student and teacher checkpoints, and the example's gridnav tasks.
+"""The inference side of ``train_cpu.py``: the student engines slime's train.py rolls out on and the OPD teacher
+server, as real SGLang 0.5.15.post1 servers (``engine="sglang"``, slime's image's version, run by the harness venv's
+Python on the CPU) or as this repository's hf_engine (``engine="hf_engine"``, faster to start); the tiny student and
+teacher checkpoints; the example's gridnav tasks.
 
 slime's ``train.py`` meets them only through its own flags (:func:`rollout_flags`):
 
-* ``--rollout-external-engine-addrs``: N hf_engine processes serving the student. slime reads each one's
-  ``/server_info``, starts sglang-router in front of them (the harness venv has the real router; it runs on a CPU)
-  and registers them there, then syncs weights with ``--update-weight-transport disk``: pause, flush, reload the
-  HF checkpoint the trainer wrote, continue (``tests/test_hf_engine_external.py`` tests those endpoints).
-* ``--rm-url``: one more hf_engine serving the teacher, which slime's OPD ``reward_func`` asks to score every
-  trajectory (``--opd-type sglang``).
+* ``--rollout-external-engine-addrs``: N servers of the student. slime reads each one's ``/server_info``, starts
+  sglang-router in front of them (the harness venv has the real router; it runs on a CPU) and registers them there,
+  then syncs weights with ``--update-weight-transport disk``: pause, flush, reload the HF checkpoint the trainer
+  wrote, continue.
+* ``--rm-url``: one more server of the teacher, which slime's OPD ``reward_func`` asks to score every trajectory
+  (``--opd-type sglang``).
+
+SGLang on a CPU (SGLang's own server, scheduler, Qwen3 model class, radix cache, sampler and log-prob processor, every
+layer on its ``forward_native`` path) needs ``SGLANG_USE_CPU_ENGINE=1`` and the settings in :data:`SGLANG_CPU_ARGS`;
+fp32 so that its log-probs match transformers' (the checks recompute them). SGLang has no ``--parent-pid``: the
+servers carry train_cpu's reaper token, and the reaper ends them with the case.
 
 The checkpoints are Qwen3-shaped (``slime.utils.tiny_models``: ChatML, a character-level tokenizer), the teacher
 a different initialisation of the same shape, so the student-teacher reverse KL is far from zero. The tasks come
@@ -17,7 +24,7 @@ change there is what the cases run.
 
 Command line (starts everything, prints the flags, serves until Ctrl-C)::
 
-    python tools/slime_pr/train_cpu_engines.py SLIME_DIR --out DIR [--students 2]
+    python tools/slime_pr/train_cpu_engines.py SLIME_DIR --out DIR [--students 2] [--engine sglang|hf_engine]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -50,7 +58,14 @@ TEACHER_LOGIT_SCALE = 16.0
 # a prefix at every depth), fewer of them; with a reward for every step closer to the goal, so that B2F's replayed
 # expert steps earn an environment return that pure OPD must keep out of the reward.
 GRIDNAV = {"size": 4, "min_len": 2, "shaping": 0.1}
-START_TIMEOUT_S = 180
+# hf_engine starts in ~20 s; SGLang in 50-94 s alone on 2 cores (its imports), and 3 servers start together here.
+START_TIMEOUT_S = {"hf_engine": 240, "sglang": 900}
+# SGLang's CPU path (its server_args names): the CPU device, the torch-native attention and sampling, no CUDA graph,
+# no overlap scheduler (it needs CUDA streams), no warm-up request, a small KV pool. fp32 keeps its log-probs
+# within ~1e-6 of transformers'.
+SGLANG_CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+                   "--disable-cuda-graph", "--disable-overlap-schedule", "--skip-server-warmup",
+                   "--max-total-tokens", "8192", "--mem-fraction-static", "0.05", "--dtype", "float32")
 
 
 def make_checkpoints(out: Path, **shape) -> tuple[Path, Path]:
@@ -100,6 +115,7 @@ class Engine:
     port: int
     process: subprocess.Popen
     log: Path
+    engine: str = "hf_engine"
 
     @property
     def url(self) -> str:
@@ -120,10 +136,15 @@ class Engines:
                 engine.process.terminate()
         for engine in self.all:
             try:
-                engine.process.wait(timeout=15)
+                engine.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 engine.process.kill()
                 engine.process.wait()
+            if engine.engine == "sglang":  # its scheduler and detokenizer share its session: none is left behind
+                try:
+                    os.killpg(engine.process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def __enter__(self):
         return self
@@ -132,22 +153,37 @@ class Engines:
         self.stop()
 
 
-def _launch(role: str, model_path: Path, log_dir: Path, seed: int, python: str) -> Engine:
+def _launch(role: str, model_path: Path, log_dir: Path, seed: int, python: str, engine: str,
+            sglang_python: str | None) -> Engine:
     port = find_free_port(HOST)
-    log = Path(log_dir) / f"hf_engine_{role}.log"
-    cmd = [python, "-m", "slime.backends.hf_engine", "--model-path", str(model_path), "--host", HOST,
-           "--port", str(port), "--random-seed", str(seed), "--threads", "1", "--parent-pid", str(os.getpid())]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    log = Path(log_dir) / f"{engine}_{role}.log"
+    if engine == "sglang":
+        if not sglang_python:
+            raise RuntimeError("engine sglang needs the harness venv's python (train_cpu_env.build_venv())")
+        cmd = [sglang_python, "-m", "sglang.launch_server", "--model-path", str(model_path), *SGLANG_CPU_ARGS,
+               "--host", HOST, "--port", str(port), "--random-seed", str(seed)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CUDA_"))}
+        env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false", PATH=f"{Path(sglang_python).parent}{os.pathsep}{env['PATH']}")
+        cwd = log_dir
+    else:
+        cmd = [python, "-m", "slime.backends.hf_engine", "--model-path", str(model_path), "--host", HOST,
+               "--port", str(port), "--random-seed", str(seed), "--threads", "1", "--parent-pid", str(os.getpid())]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        cwd = REPO
     with open(log, "w") as out:
-        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return Engine(role, Path(model_path), port, process, log)
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=engine == "sglang")
+    return Engine(role, Path(model_path), port, process, log, engine)
 
 
-def _wait_healthy(engine: Engine, deadline: float) -> None:
+def _wait_healthy(engine: Engine, deadline: float, timeout_s: int) -> None:
     while time.monotonic() < deadline:
         if engine.process.poll() is not None:
-            tail = engine.log.read_text()[-1500:]
-            raise RuntimeError(f"hf_engine {engine.role} exited with {engine.process.returncode}; "
+            tail = engine.log.read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"{engine.engine} {engine.role} exited with {engine.process.returncode}; "
                                f"{engine.log}:\n{tail}")
         try:
             with urllib.request.urlopen(f"{engine.url}/health_generate", timeout=30) as reply:
@@ -155,26 +191,34 @@ def _wait_healthy(engine: Engine, deadline: float) -> None:
                     return
         except OSError:
             pass
-        time.sleep(0.5)
-    raise RuntimeError(f"hf_engine {engine.role} not healthy after {START_TIMEOUT_S} s; see {engine.log}")
+        time.sleep(1.0)
+    raise RuntimeError(f"{engine.engine} {engine.role} not healthy after {timeout_s} s; see {engine.log}")
 
 
 def start_engines(student: Path, teacher: Path | None, log_dir: Path, *, students: int = 2,
-                  python: str = sys.executable) -> Engines:
+                  python: str = sys.executable, engine: str = "hf_engine", sglang_python: str | None = None,
+                  progress=None) -> Engines:
     """Start ``students`` engines on ``student`` (one seed each, as slime seeds its engines) and, unless
     ``teacher`` is None (``--opd-type megatron``), one on ``teacher``; return once all answer
-    ``/health_generate``. They exit with this process (``--parent-pid``)."""
+    ``/health_generate``. hf_engine exits with this process (``--parent-pid``); SGLang, which has no such flag,
+    is stopped by :meth:`Engines.stop` or, if this process dies first, by train_cpu's reaper."""
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    launched = [_launch(f"student{i}", student, log_dir, i, python) for i in range(students)]
-    teacher_engine = _launch("teacher", teacher, log_dir, 1000, python) if teacher is not None else None
+    launched = [_launch(f"student{i}", student, log_dir, i, python, engine, sglang_python) for i in range(students)]
+    teacher_engine = (_launch("teacher", teacher, log_dir, 1000, python, engine, sglang_python)
+                      if teacher is not None else None)
     engines = Engines(launched, teacher_engine, launched + ([teacher_engine] if teacher_engine else []))
+    t0 = time.monotonic()
+    if progress:
+        progress(f"{len(engines.all)} {engine} server(s) starting (logs in {log_dir})")
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for engine in engines.all:
-            _wait_healthy(engine, deadline)
+        deadline = t0 + START_TIMEOUT_S[engine]
+        for each in engines.all:
+            _wait_healthy(each, deadline, START_TIMEOUT_S[engine])
     except BaseException:
         engines.stop()
         raise
+    if progress:
+        progress(f"{len(engines.all)} {engine} server(s) healthy after {time.monotonic() - t0:.0f}s")
     return engines
 
 
@@ -192,11 +236,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for checkpoints, tasks and engine logs")
     parser.add_argument("--students", type=int, default=2, help="student engines (slime's external engines)")
     parser.add_argument("--no-teacher", action="store_true", help="no teacher server (--opd-type megatron)")
+    parser.add_argument("--engine", choices=("sglang", "hf_engine"), default="sglang")
     args = parser.parse_args(argv)
     student, teacher = make_checkpoints(args.out / "models")
     train, evaluation = make_gridnav_data(args.slime_dir, args.out / "data")
-    with start_engines(student, None if args.no_teacher else teacher, args.out / "logs",
-                       students=args.students) as engines:
+    sglang_python = None
+    if args.engine == "sglang":
+        from tools.slime_pr.train_cpu_env import build_venv
+
+        sglang_python = str(build_venv() / "bin/python")
+    with start_engines(student, None if args.no_teacher else teacher, args.out / "logs", students=args.students,
+                       engine=args.engine, sglang_python=sglang_python, progress=print) as engines:
         print(" ".join(["--hf-checkpoint", str(student), "--prompt-data", str(train), *rollout_flags(engines)]))
         print(f"eval tasks: {evaluation}; teacher checkpoint: {teacher}; Ctrl-C stops the engines", flush=True)
         try:

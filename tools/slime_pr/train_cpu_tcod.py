@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tools.slime_pr import train_cpu_checks as checks
 from tools.slime_pr import train_cpu_engines as engines_mod
-from tools.slime_pr.train_cpu_run import CPU_FLAGS, CaseFailed, Run, hf_model_flags, require_ok, run_train
+from tools.slime_pr.train_cpu_run import CPU_FLAGS, CaseFailed, Run, hf_model_flags, require_ok, run_train, say
 
 # The GPU test's settings (tests/test_qwen3_0.6B_tcod.py: 4 turns, eta 1, so the depth grows 1, 2, 3), with
 # 16-token turns and 2 tasks x 2 samples a step.
@@ -110,7 +110,24 @@ def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: 
     return found, rollouts
 
 
-def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
+# slime-engines: slime's RolloutManager starts this many SGLang engines itself, one (fake) GPU each, beside the
+# trainer's NUM_GPUS; the CPU settings reach them as slime's --sglang-* flags (slime hands every ServerArgs field it
+# finds as args.sglang_<field> to the engine it launches).
+SLIME_ENGINES = 2
+
+
+def slime_engine_flags() -> list[str]:
+    """slime's own flags for engines it launches on a CPU: engines_mod.SGLANG_CPU_ARGS, each under --sglang-."""
+    flags, cpu_args = [], list(engines_mod.SGLANG_CPU_ARGS)
+    for i, word in enumerate(cpu_args):
+        if word.startswith("--") and word != "--skip-server-warmup":  # slime always skips the warm-up itself
+            flags.append("--sglang-" + word[2:])
+        elif not word.startswith("--") and cpu_args[i - 1] != "--skip-server-warmup":
+            flags.append(word)
+    return ["--rollout-num-gpus", str(SLIME_ENGINES), "--rollout-num-gpus-per-engine", "1", *flags]
+
+
+def case_tcod(args, env, *, mode: str, opd_type: str, slime_engines: bool = False) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     student, teacher = engines_mod.make_checkpoints(args.out / "models")
@@ -122,13 +139,22 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
     teacher_model = AutoModelForCausalLM.from_pretrained(teacher).eval()
     student_model = AutoModelForCausalLM.from_pretrained(student).eval()
     save = args.out / "ckpt"
+    num_gpus = NUM_GPUS
+    if slime_engines:
+        # The engine actors inherit the driver's environment: SGLang's CPU switch reaches them that way.
+        env = dict(env, SGLANG_USE_CPU_ENGINE="1")
+        num_gpus += SLIME_ENGINES
     with engines_mod.start_engines(student, teacher if opd_type == "sglang" else None, args.out / "engine_logs",
-                                   students=2) as engines:
+                                   students=0 if slime_engines else 2, engine=args.engine, progress=say,
+                                   sglang_python=env["TRAIN_CPU_PYTHON"]) as engines:
+        engine_flags = engines_mod.rollout_flags(engines)
+        if slime_engines:
+            engine_flags = [*engine_flags[engine_flags.index("--rm-url"):], *slime_engine_flags()]
         common = dict(student=student, train_data=train_data, config=config, mode=mode, opd_type=opd_type,
-                      save=save, engine_flags=engines_mod.rollout_flags(engines), teacher_megatron=teacher_megatron)
+                      save=save, engine_flags=engine_flags, teacher_megatron=teacher_megatron)
         first_out = args.out / "first"
         first = run_train(args, env, Run("first", tcod_flags(out=first_out, num_rollout=FIRST_ROLLOUTS, load=student,
-                                                             **common), first_out / "train.log"), NUM_GPUS)
+                                                             **common), first_out / "train.log"), num_gpus)
         require_ok(first)
         first_checks, first_rollouts = _check_run(first_out, first, tokenizer, teacher_model, mode=mode,
                                                    opd_type=opd_type, experts=experts, steps=FIRST_ROLLOUTS,
@@ -140,7 +166,7 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
         resumed_out = args.out / "resumed"
         resumed = run_train(args, env, Run("resumed", tcod_flags(out=resumed_out, num_rollout=TOTAL_ROLLOUTS,
                                                                  load=save, **common), resumed_out / "train.log"),
-                            NUM_GPUS)
+                            num_gpus)
         require_ok(resumed)
         resumed_checks, resumed_rollouts = _check_run(resumed_out, resumed, tokenizer, teacher_model, mode=mode,
                                                        opd_type=opd_type, experts=experts,
@@ -156,11 +182,14 @@ def case_tcod(args, env, *, mode: str, opd_type: str) -> str:
 def run_case(case: str):
     """The case function ``train_cpu.CASE_FUNCS`` registers for ``case``: a failed check is the case's FAILED line."""
     mode, opd_type = {"tcod-f2b": ("f2b", "sglang"), "tcod-b2f": ("b2f", "sglang"),
-                      "tcod-megatron-teacher": ("b2f", "megatron")}[case]
+                      "tcod-megatron-teacher": ("b2f", "megatron"), "slime-engines": ("f2b", "sglang")}[case]
 
     def case_func(args, env):
+        if case == "slime-engines" and args.engine != "sglang":
+            raise CaseFailed("slime-engines runs the engines slime itself launches, which are SGLang: "
+                             "drop --engine hf_engine")
         try:
-            return case_tcod(args, env, mode=mode, opd_type=opd_type)
+            return case_tcod(args, env, mode=mode, opd_type=opd_type, slime_engines=case == "slime-engines")
         except checks.CheckFailed as exc:
             raise CaseFailed(str(exc)) from None
 
