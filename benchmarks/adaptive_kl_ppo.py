@@ -37,6 +37,10 @@ TARGET_CHARS = "aeiou"
 PROMPTS = ["Write:", "Say it:", "Go:", "Answer:", "Type:", "Reply:", "Now:", "Next:"]
 KL_KEY = "kl/observed_sample_mean"  # each sample's per-token mean, averaged over samples: the controller's input
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import adaptive_kl_ppo_report  # noqa: E402  (this module imports the report, never the other way)
+from adaptive_kl_ppo_report import plateau, reference_beta  # noqa: E402,F401  (the start rule lives there)
 
 
 async def share_of_vowels(args, sample, **kwargs) -> float:
@@ -169,20 +173,6 @@ class Runner:
 REUSE_KEYS = ("ctrl", "coef", "seed", "steps", "lr", "prompts", "samples", "response_len")
 
 
-def plateau(row: dict) -> float:
-    """Median KL over steps steps/10 .. steps/3: the level a fixed ``beta`` holds before any runaway."""
-    kl = row["kl"][len(row["kl"]) // 10: max(len(row["kl"]) // 3, len(row["kl"]) // 10 + 1)]
-    return sorted(kl)[len(kl) // 2]
-
-
-def reference_beta(rows: list[dict], target: float) -> float:
-    """The swept fixed ``beta`` whose plateau KL (geometric mean over seeds) is nearest ``target`` in log."""
-    by_coef: dict[float, list[float]] = {}
-    for row in rows:
-        by_coef.setdefault(row["coef"], []).append(math.log(max(plateau(row), 1e-6)))
-    return min(by_coef, key=lambda c: abs(sum(by_coef[c]) / len(by_coef[c]) - math.log(target)))
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="outputs/adaptive_kl_bench", help="run folders (metrics.jsonl of each run)")
@@ -248,8 +238,6 @@ def main(argv=None) -> int:
          "targets": a.targets, "start_factor": a.start_factor, "starts": {str(t): s for t, s in starts.items()},
          "workers": a.workers, "load_end": _loadavg()}, indent=1) + "\n")
     print(f"[adaptive_kl_ppo] all runs: {wall:.0f} s", flush=True)
-
-    import adaptive_kl_ppo_report
 
     return adaptive_kl_ppo_report.main(["--results", str(results), "--plot", a.plot])
 

@@ -26,13 +26,23 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from adaptive_kl_ppo import plateau, reference_beta  # noqa: E402  (benchmarks/ is on sys.path)
-
 GOAL = 0.3
 ERROR_CLIP = 0.2  # the rule's clip of KL/target - 1 (slime/utils/kl_controller.py)
 COLLAPSE_REWARD = 0.95
+
+
+def plateau(row: dict) -> float:
+    """Median KL over steps steps/10 .. steps/3: the level a fixed ``beta`` holds before any runaway."""
+    kl = row["kl"][len(row["kl"]) // 10: max(len(row["kl"]) // 3, len(row["kl"]) // 10 + 1)]
+    return sorted(kl)[len(kl) // 2]
+
+
+def reference_beta(rows: list[dict], target: float) -> float:
+    """The swept fixed ``beta`` whose plateau KL (geometric mean over seeds) is nearest ``target`` in log."""
+    by_coef: dict[float, list[float]] = {}
+    for row in rows:
+        by_coef.setdefault(row["coef"], []).append(math.log(max(plateau(row), 1e-6)))
+    return min(by_coef, key=lambda c: abs(sum(by_coef[c]) / len(by_coef[c]) - math.log(target)))
 
 
 def _mean(xs):
