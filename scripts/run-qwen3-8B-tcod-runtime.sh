@@ -14,7 +14,9 @@
 # plan without starting anything (no GPU; without STUDENT's weights here, the plan uses its config.json or
 # Qwen3-8B's shape and says so). REHEARSAL=1 runs these flags on CPU for 2 rollouts with tiny models and
 # the hf_engine in place of the checkpoints and SGLang (scripts/rehearsal.py lists every swap), writing
-# under REHEARSAL_DIR (default: a new temporary folder); the test suite runs it.
+# under REHEARSAL_DIR (default: a new temporary folder); the test suite runs it. Without either, the run needs
+# NUM_GPUS GPUs (as nvidia-smi lists them), SGLang in PYTHON, ray and curl: refused at once, in one line, without.
+# The teacher server's log is SAVE.teacher.log (beside SAVE), named when the server exits before it is healthy.
 # GPUs: the teacher gets the last TEACHER_GPUS devices, outside Ray. Ray gets the other TRAIN_GPUS, and
 # within them reserves ROLLOUT_GPUS for the SGLang rollout engines and ACTOR_GPUS for the trainer, as
 # disjoint placement groups (slime/ray/engine_placement.py): nothing is pinned by hand inside Ray's set.
@@ -54,7 +56,18 @@ MIN_TRAIN=2; [ "${TRAIN_BACKEND}" = megatron ] && MIN_TRAIN=$(( TP + 1 ))
   "leaves $(( NUM_GPUS - TEACHER_GPUS )) GPU(s) for training; it needs ${MIN_TRAIN} (the trainer and the rollout" \
   "engines get GPUs of their own$([ "${TRAIN_BACKEND}" = megatron ] && echo ", TP=${TP} for the trainer")): raise" \
   "NUM_GPUS or lower TEACHER_GPUS"
+# A real run needs the GPUs and SGLang on this machine: refused here at once, not by a teacher server that dies.
 if [ "${REHEARSAL:-0}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
+  GPUS_HERE="$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)"
+  [ "${GPUS_HERE}" -ge "${NUM_GPUS}" ] || bad "NUM_GPUS=${NUM_GPUS} but this machine shows ${GPUS_HERE} GPU(s)" \
+    "(nvidia-smi -L): DRY_RUN=1 checks the flags and prints the plan without a GPU (REHEARSAL=1 runs them on CPU)"
+  "${PYTHON}" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("sglang") is None)' \
+    || bad "PYTHON=${PYTHON} has no SGLang, which serves the teacher and the rollouts (pip install -e \".[gpu]\"):" \
+      "DRY_RUN=1 checks the flags and prints the plan without it"
+  # Ray's command beside PYTHON (an unactivated venv's), else on PATH; curl asks the teacher for its health.
+  RAY="$(dirname "${PYTHON}")/ray"; [ -x "${RAY}" ] || RAY="$(command -v ray || true)"
+  [ -n "${RAY}" ] || bad "no ray command beside PYTHON=${PYTHON} or on PATH: install ray into that Python's environment"
+  command -v curl > /dev/null || bad "curl is not installed: the script asks the teacher server's health with it"
   for var in STUDENT TEACHER; do
     [ -d "${!var}" ] || bad "${var}=${!var} is not a folder: point it at the local checkpoint (models are not downloaded)"
   done
@@ -187,15 +200,23 @@ JSON
   exec "${PYTHON}" train.py --dry-run "${ALL_ARGS[@]}" "${PLAN_ARGS[@]}"
 fi
 
-# 1. The teacher: an SGLang server on the last TEACHER_GPUS devices (outside Ray), scoring only.
+# 1. The teacher: an SGLang server on the last TEACHER_GPUS devices (outside Ray), scoring only. Its log sits
+#    beside SAVE, whose parent folder is made first, so the log a failure names is there to read.
+TEACHER_LOG="${SAVE%/}.teacher.log"
+mkdir -p "$(dirname "${TEACHER_LOG}")" || bad "SAVE=${SAVE}: cannot make its parent folder for ${TEACHER_LOG}"
 TEACHER_DEVICES=$(seq -s, $(( NUM_GPUS - TEACHER_GPUS )) $(( NUM_GPUS - 1 )))
 CUDA_VISIBLE_DEVICES="${TEACHER_DEVICES}" "${PYTHON}" -m sglang.launch_server --model-path "${TEACHER}" \
   --host 127.0.0.1 --port "${TEACHER_PORT}" --tp-size "${TEACHER_GPUS}" --mem-fraction-static 0.8 \
-  > "${SAVE%/}.teacher.log" 2>&1 &
+  > "${TEACHER_LOG}" 2>&1 &
 TEACHER_PID=$!
 trap 'kill ${TEACHER_PID} 2>/dev/null || true' EXIT
+echo "run-qwen3-8B-tcod-runtime.sh: starting the teacher server on GPU(s) ${TEACHER_DEVICES}; its log: ${TEACHER_LOG}"
 until curl -sf "http://127.0.0.1:${TEACHER_PORT}/health_generate" > /dev/null; do
-  kill -0 "${TEACHER_PID}" || { echo "teacher server died; see ${SAVE%/}.teacher.log" >&2; exit 1; }
+  if ! kill -0 "${TEACHER_PID}" 2> /dev/null; then
+    echo "run-qwen3-8B-tcod-runtime.sh: the teacher server exited before it was healthy; its log: ${TEACHER_LOG}" \
+      "(last line: $(tail -n 1 "${TEACHER_LOG}"))" >&2
+    exit 1
+  fi
   sleep 5
 done
 
@@ -203,6 +224,7 @@ done
 #    the engines (one Ray actor per engine, the server inherits its CUDA_VISIBLE_DEVICES), the trainer's
 #    placement group gets the other ACTOR_GPUS.
 export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TRAIN_GPUS - 1 )))
+ray() { "${RAY}" "$@"; }  # the command found above
 ray start --head --num-gpus "${TRAIN_GPUS}" --disable-usage-stats
 ray job submit --address="http://127.0.0.1:8265" \
   --runtime-env-json="{\"working_dir\": \"${REPO_DIR}\"}" \

@@ -178,10 +178,15 @@ def validate_kl_args(args):
               f"{args.advantage_estimator}; keep --kl-ctrl fixed and regularise with --use-kl-loss --kl-loss-coef")
     if args.kl_horizon is None:
         args.kl_horizon = 10000.0
-    for flag, value in (("--kl-coef", args.kl_coef), ("--kl-target", args.kl_target),
-                        ("--kl-horizon", args.kl_horizon)):
-        if value is None or value <= 0:  # validate_finite has refused nan and inf already
-            _fail(f"--kl-ctrl adaptive needs {flag} > 0, got {value}")
+    # Every missing or non-positive one in the same line: a PPO command line often lacks two of them.
+    missing = [f"{flag} > 0 ({'not given' if value is None else f'got {value:g}'})"
+               for flag, value in (("--kl-coef", args.kl_coef), ("--kl-target", args.kl_target),
+                                   ("--kl-horizon", args.kl_horizon))
+               if value is None or value <= 0]  # validate_finite has refused nan and inf already
+    if missing:
+        named = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+        _fail(f"--kl-ctrl adaptive needs {named}: set {'them' if len(missing) > 1 else 'it'} "
+              "(docs/en/advanced/adaptive-kl-controller.md says how to choose)")
     step_samples = args.rollout_batch_size * args.n_samples_per_prompt
     if args.kl_horizon < step_samples:
         _fail(f"--kl-horizon ({args.kl_horizon:g}) must be >= the samples of a step (--rollout-batch-size x "

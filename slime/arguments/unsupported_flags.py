@@ -11,6 +11,8 @@ from __future__ import annotations
 
 _DISJOINT = "drop it: the trainer and the rollout engines always get disjoint devices here"
 _NOT_HERE = "not implemented here; drop it"
+# Upstream resumes aborted samples in a later step; the example's agent loop asserts it off once rolling out.
+PARTIAL_ROLLOUT = "an aborted sample is never resumed in a later step here, and an agent's episode cannot be"
 
 # slime flag -> what this runtime does or takes instead.
 ABSENT = {
@@ -58,6 +60,8 @@ def refused_flags(args) -> list[str]:
     def given(name, default=None):
         return getattr(args, name, default) not in (default, None)
 
+    if getattr(args, "partial_rollout", False):
+        found.append(f"--partial-rollout (drop it: not implemented; {PARTIAL_ROLLOUT})")
     if getattr(args, "colocate", False):
         found.append(f"--colocate ({_DISJOINT})")
     if getattr(args, "balance_data", False):

@@ -45,6 +45,7 @@ def check_launch(args) -> list[str]:
     if args.num_rollout is None:
         raise ArgumentError("--num-rollout is required (number of rollout/train steps)")
     notes = _default_server_teacher_hooks(args) + _default_generate_function(args)
+    _check_agent_loop(args)
     check_rm_url(args)
     notes += unused_rm_url_notes(args)
     check_output_dirs(args)
@@ -97,6 +98,20 @@ def _default_generate_function(args) -> list[str]:
     args.custom_generate_function_path = MULTI_TURN_GENERATE
     return [f"default: --custom-generate-function-path {MULTI_TURN_GENERATE} (the multi-turn agent loop, "
             "since --max-turns is set)"]
+
+
+def _check_agent_loop(args) -> None:
+    """The example's agent loop, named by hand, reads two settings it would otherwise miss only after Ray starts."""
+    if args.custom_generate_function_path not in (MULTI_TURN_GENERATE, TEACHER_PREFIX_GENERATE):
+        return
+    missing = []
+    if not args.max_turns:
+        missing.append("--max-turns N (or max_turns in the --custom-config-path YAML)")
+    if not args.rollout_interaction_env_path:
+        missing.append("--rollout-interaction-env-path MODULE (the environment)")
+    if missing:
+        raise ArgumentError(f"--custom-generate-function-path {args.custom_generate_function_path} plays multi-turn "
+                            f"episodes and needs {' and '.join(missing)}: add {'them' if len(missing) > 1 else 'it'}")
 
 
 def _check_cluster(args) -> None:

@@ -29,7 +29,7 @@ from slime.arguments.custom_config import apply_custom_config
 from slime.arguments.megatron_arguments import add_megatron_arguments, validate_megatron_args
 from slime.arguments.multi_turn_arguments import add_multi_turn_arguments, add_tcod_group, validate_multi_turn_tcod_args
 from slime.arguments.ranges import validate_finite, validate_ranges
-from slime.arguments.unsupported_flags import one_line, refused_flags
+from slime.arguments.unsupported_flags import PARTIAL_ROLLOUT, one_line, refused_flags
 # The two names upstream's arguments.py gets from port.py, importable from here as there.
 from slime.utils.tcod_arguments import add_tcod_arguments, validate_tcod_args  # noqa: F401
 
@@ -188,8 +188,8 @@ def add_rollout_arguments(parser):
                    help="generate_rollout(args, rollout_id, data_source, evaluation=False) -> groups of samples")
     g.add_argument("--rollout-concurrency", type=int, default=64, help="samples generated at once")
     g.add_argument("--partial-rollout", action="store_true",
-                   help="upstream's partial rollout (aborted samples resume in a later step); not implemented here: "
-                        "the multi-turn agent loop refuses it, since an episode cannot resume")
+                   help="upstream's partial rollout (aborted samples resume in a later step); refused here before "
+                        "Ray: not implemented, and the multi-turn agent loop cannot resume an episode")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run code shipped with the checkpoint: passed to SGLang servers and to the agent "
                         "loop's HF tokenizer loader (off: such checkpoints fail to load instead)")
@@ -362,6 +362,8 @@ def validate_args(args):
     refused = refused_flags(args)
     if len(refused) > 1:  # all in one line (a single one gets its own refusal below)
         _fail(one_line(refused))
+    if args.partial_rollout:  # refused here, before Ray, not by the agent loop's assert once rolling out
+        _fail(f"--partial-rollout is not implemented by this runtime ({PARTIAL_ROLLOUT}): drop --partial-rollout")
     validate_finite(args)
     if args.rollout_temperature <= 0:
         _fail("--rollout-temperature must be > 0 (on-policy training needs a sampling distribution)")
