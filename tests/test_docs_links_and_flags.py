@@ -50,9 +50,7 @@ SCRIPTS = sorted(
 # (tools/slime_pr/verify_pr.py checks them in the ported tree). Repository-relative paths.
 UPSTREAM_ONLY_TARGETS = {
     "docs/en/advanced/on-policy-distillation.md",
-    "docs/zh/advanced/on-policy-distillation.md",
     "docs/en/get_started/customization.md",
-    "docs/zh/get_started/customization.md",
     "examples/on_policy_distillation/README.md",
     "examples/geo3k_vlm_multi_turn/README.md",
 }
@@ -61,7 +59,7 @@ UPSTREAM_URL = "https://github.com/THUDM/slime/blob/main/"
 # Files of upstream slime's tree that the docs name in backticks as upstream's: they exist there, not here.
 UPSTREAM_PATHS = {
     "examples/geo3k_vlm_multi_turn", "examples/README.md", "examples/on_policy_distillation/run-qwen3-8B-opd.sh",
-    "scripts/models/qwen3-8B.sh", "tests/test_sample.py", "tests/test_rollout_metrics.py",
+    "scripts/models/qwen3-8B.sh", "scripts/models/qwen3-1.7B.sh", "tests/test_sample.py", "tests/test_rollout_metrics.py",
 }
 REPO_PATH = re.compile(r"`((?:docs|examples|scripts|slime|tools|benchmarks|tests)/[\w./-]*)`")
 
@@ -422,14 +420,14 @@ def test_the_checks_catch_what_they_should(tmp_path):
     # Upstream's pages: linked relatively from one of this repository's pages, the link is dead (with the
     # URL to use instead); from the PR's own page, which will sit in upstream's tree, it is accepted.
     upstream_page = "examples/geo3k_vlm_multi_turn/README.md"
-    assert upstream_page in UPSTREAM_ONLY_TARGETS and "docs/en/advanced/multi-turn-tcod.md" in PR_MARKDOWN
+    assert upstream_page in UPSTREAM_ONLY_TARGETS and "examples/multi_turn_tcod/README.md" in PR_MARKDOWN
     (tmp_path / "docs" / "own.md").write_text(f"# Own\n\n[geo3k](../{upstream_page})\n")
-    (tmp_path / "docs/en/advanced").mkdir(parents=True)
-    pr_page = tmp_path / "docs/en/advanced/multi-turn-tcod.md"
-    pr_page.write_text(f"# PR\n\n[geo3k](../../../{upstream_page}) [gone](../../../examples/nowhere.md)\n")
+    (tmp_path / "examples/multi_turn_tcod").mkdir(parents=True)
+    pr_page = tmp_path / "examples/multi_turn_tcod/README.md"
+    pr_page.write_text(f"# PR\n\n[geo3k](../../{upstream_page}) [gone](../nowhere.md)\n")
     (own_dead,) = _dead_links(tmp_path / "docs" / "own.md", tmp_path)
     assert own_dead.endswith(f"(no such file here; a file of upstream slime's tree is linked as {UPSTREAM_URL}{upstream_page})")
-    assert [d.split(": ")[1].split()[0] for d in _dead_links(pr_page, tmp_path)] == ["../../../examples/nowhere.md"]
+    assert [d.split(": ")[1].split()[0] for d in _dead_links(pr_page, tmp_path)] == ["../nowhere.md"]
     (tmp_path / "docs" / "urls.md").write_text(
         f"[a]({UPSTREAM_URL}{upstream_page}) [b](https://github.com/THUDM/slime) "
         "[c](https://github.com/THUDM/slime/blob/3f2a1c9/README.md) [d](https://github.com/THUDM/slime/examples)\n")

@@ -45,7 +45,7 @@ class Policy:
 def loop(monkeypatch):
     """``play(env_path, samples, replies, **args)`` -> the finished samples, one engine reply list for all."""
     monkeypatch.setattr(rollout, "GenerateState", State)
-    rollout._ENV_MODULES.clear()  # env paths are cached per process; each test names its own
+    rollout.load_env_module.cache_clear()  # env paths are cached per process; each test names its own
 
     def play(env_path, samples, replies=("up",), **overrides):
         policy = Policy(replies)

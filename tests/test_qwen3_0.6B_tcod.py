@@ -51,11 +51,13 @@ def prepare():
         )
 
 
-def _get_gpu_split():
+def _get_gpu_split(opd_type: str):
     """The first NUM_TRAIN_GPUS for the colocated actor and engines, the next one for the teacher server."""
     all_gpus = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(NUM_GPUS))).split(",")
-    assert len(all_gpus) >= NUM_TRAIN_GPUS, f"Expected at least {NUM_TRAIN_GPUS} GPUs, got {len(all_gpus)}"
-    return all_gpus[:NUM_TRAIN_GPUS], (all_gpus[NUM_TRAIN_GPUS] if len(all_gpus) > NUM_TRAIN_GPUS else None)
+    needed = NUM_TRAIN_GPUS + (opd_type == "sglang")  # the sglang teacher serves on a GPU of its own
+    if len(all_gpus) < needed:
+        raise SystemExit(f"--opd-type {opd_type} needs {needed} GPUs, CUDA_VISIBLE_DEVICES has {len(all_gpus)}")
+    return all_gpus[:NUM_TRAIN_GPUS], all_gpus[NUM_TRAIN_GPUS:needed]
 
 
 def _launch_teacher_server(teacher_gpu: str):
@@ -91,8 +93,7 @@ def _config_path():
     )
 
 
-def execute(tcod_mode: str, opd_type: str):
-    train_gpus, teacher_gpu = _get_gpu_split()
+def execute(tcod_mode: str, opd_type: str, train_gpus: list[str], teacher_gpus: list[str]):
     teacher_process = None
 
     # Restrict CUDA_VISIBLE_DEVICES to training GPUs before Ray starts
@@ -100,7 +101,7 @@ def execute(tcod_mode: str, opd_type: str):
 
     def launch_teacher():
         nonlocal teacher_process
-        teacher_process = _launch_teacher_server(teacher_gpu)
+        teacher_process = _launch_teacher_server(teacher_gpus[0])
 
     try:
         ckpt_args = f"--hf-checkpoint /root/models/{MODEL_NAME}/ --ref-load /root/models/{MODEL_NAME}_torch_dist "
@@ -178,7 +179,8 @@ def execute(tcod_mode: str, opd_type: str):
 
 if __name__ == "__main__":
     args = parser.parse_args()
+    gpus = _get_gpu_split(args.opd_type)  # before prepare()'s downloads: a layout it cannot use stops here
     prepare()
     for proxy_var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         os.environ.pop(proxy_var, None)
-    execute(args.tcod_mode, args.opd_type)
+    execute(args.tcod_mode, args.opd_type, *gpus)

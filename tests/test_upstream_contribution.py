@@ -32,6 +32,8 @@ UPSTREAM_API = {
     "slime.rollout.sglang_rollout": {"generate_rollout", "GenerateState"},
     "slime.rollout.sample_hooks": {"set_current_rollout_id", "get_current_rollout_id"},  # the getter: port.py's
     "slime.utils.external_utils.command_utils": set(),  # the GPU test's `import ... as U`
+    # geo3k's env loader, reused rather than copied (issue 58); this runtime's stand-in has the same name
+    "examples.geo3k_vlm_multi_turn.rollout": {"_load_env_module"},
 }
 
 

@@ -1,7 +1,7 @@
 """Curriculum and KL metrics of multi-turn TCOD rollouts, through slime's rollout-log hook.
 
 ``--custom-rollout-log-function-path examples.multi_turn_tcod.metrics.log_rollout_data`` adds the ``tcod/*``
-keys of docs/en/advanced/multi-turn-tcod.md ("Metrics") to the step's rollout metrics and returns False, so
+keys of the example's README ("Metrics") to the step's rollout metrics and returns False, so
 the default logging still runs and emits them. The KL keys (``log p_student - log p_teacher``; the official
 TCOD code's ``kl/mean`` and ``kl/trajectory_*``) need a server teacher's scores.
 
@@ -10,7 +10,7 @@ than its plan allows (F2B: the depth; B2F: replayed and student turns within ``m
 teacher, that the teacher scored every trained trajectory.
 """
 
-from slime.rollout.tcod import curriculum_depth
+from slime.rollout.tcod import episode_plan
 
 
 def _teacher_log_probs(sample) -> list[float] | None:
@@ -77,7 +77,7 @@ def rollout_metrics(args, samples) -> dict:
 
 def _check_ci(args, rollout_id: int, samples, metrics: dict) -> None:
     if getattr(args, "use_tcod", False):
-        depth = curriculum_depth(rollout_id, args.tcod_k_start, args.tcod_eta, args.tcod_k_max or args.max_turns)
+        depth = episode_plan(args, rollout_id, args.max_turns)["depth"]  # the plan the agent loop asked for
         for s in samples:
             plan, turns = s.metadata.get("episode_plan", {}), s.metadata["prefix_turns"] + s.metadata["num_turns"]
             assert plan.get("depth") == depth, f"rollout {rollout_id}: plan {plan}, expected depth {depth}"

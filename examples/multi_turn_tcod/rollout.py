@@ -15,15 +15,13 @@ model (``--opd-type sglang``) or 0.0 (``--opd-type megatron``); the return is ``
 """
 
 import asyncio
-import importlib
-import importlib.util
+import functools
 import logging
 import math
 import numbers
-import sys
 import uuid
-from pathlib import Path
 
+from examples.geo3k_vlm_multi_turn.rollout import _load_env_module
 from examples.multi_turn_tcod.chat_layout import encode_action, encode_observation, encode_prompt, turn_stop_id
 
 from slime.rollout.sample_hooks import get_current_rollout_id
@@ -36,7 +34,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ENV_STEP_TIMEOUT = 300.0
 SEED_MODULUS = 2**31 - 1
-_ENV_MODULES = {}
 
 
 class EnvironmentFault(RuntimeError):
@@ -51,20 +48,13 @@ async def in_thread(timeout: float, fn, *call_args, env=None):
     return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
 
 
+@functools.cache  # geo3k's loader runs a ``.py`` file again on every call; an episode loads it once per path
 def load_env_module(path: str):
-    """The module behind ``rollout_interaction_env_path`` (a dotted module or a ``.py`` file), loaded once."""
-    if path not in _ENV_MODULES:
-        if path.endswith(".py") and Path(path).is_file():
-            spec = importlib.util.spec_from_file_location(f"rollout_env_{Path(path).stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(path)
-        if not callable(getattr(module, "build_env", None)):
-            raise ValueError(f"rollout_interaction_env_path {path!r} has no callable build_env(sample, args)")
-        _ENV_MODULES[path] = module
-    return _ENV_MODULES[path]
+    """The module behind ``rollout_interaction_env_path`` (a dotted module or a ``.py`` file), as geo3k loads it."""
+    module = _load_env_module(path)
+    if not callable(getattr(module, "build_env", None)):
+        raise ValueError(f"rollout_interaction_env_path {path!r} has no callable build_env(sample, args)")
+    return module
 
 
 class Episode:
@@ -176,35 +166,34 @@ class Episode:
             ids = ids[:-1]  # the environment reads the action, not the EOS token
         return self.tokenizer.decode([i for i in ids if i != self.stop_id])
 
+    async def replay_prefix(self, plan: dict):
+        """B2F: replay the first ``L - depth`` expert actions, at most ``max_turns``, into the masked part.
 
-async def replay_expert_prefix(ep: Episode, plan: dict):
-    """B2F: replay the first ``L - depth`` expert actions, at most ``max_turns``, into the masked part.
-
-    Returns (replayed turns, end); ``end`` is None (the student plays on), "replay_finished" or
-    "context_full". Expert actions come from ``metadata["expert_actions"]``, else ``env.expert_actions()``.
-    """
-    actions = ep.sample.metadata.get("expert_actions")
-    if actions is None and hasattr(ep.env, "expert_actions"):
-        actions = await ep.env_call(ep.env.expert_actions)
-    if not actions:  # no expert path: the student plays the whole episode
-        ep.sample.metadata["prefix_fallback"] = True
-    prefix = min(b2f_prefix_length(len(actions or []), plan["depth"]), plan["max_turns"])  # the episode's cap
-    if prefix:
-        ep.sample.metadata["prefix_source"] = "expert"
-    for i in range(prefix):
-        ids = encode_action(ep.tokenizer, actions[i])
-        if len(ids) + 2 > ep.room():
-            return i, "context_full"
-        ep.sample.append_response_tokens(ep.args, tokens=ids, trainable=False)
-        observation, done = await ep.step(actions[i])
-        if done:
-            return i + 1, "replay_finished"
-        if not ep.append_observation(observation):
-            return i + 1, "context_full"
-    return prefix, None
+        Returns (replayed turns, end); ``end`` is None (the student plays on), "replay_finished" or
+        "context_full". Expert actions come from ``metadata["expert_actions"]``, else ``env.expert_actions()``.
+        """
+        actions = self.sample.metadata.get("expert_actions")
+        if actions is None and hasattr(self.env, "expert_actions"):
+            actions = await self.env_call(self.env.expert_actions)
+        if not actions:  # no expert path: the student plays the whole episode
+            self.sample.metadata["prefix_fallback"] = True
+        prefix = min(b2f_prefix_length(len(actions or []), plan["depth"]), plan["max_turns"])  # the episode's cap
+        if prefix:
+            self.sample.metadata["prefix_source"] = "expert"
+        for i in range(prefix):
+            ids = encode_action(self.tokenizer, actions[i])
+            if len(ids) + 2 > self.room():
+                return i, "context_full"
+            self.sample.append_response_tokens(self.args, tokens=ids, trainable=False)
+            observation, done = await self.step(actions[i])
+            if done:
+                return i + 1, "replay_finished"
+            if not self.append_observation(observation):
+                return i + 1, "context_full"
+        return prefix, None
 
 
-async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
+async def _play(ep: Episode, plan: dict) -> str:
     """Reset, replay the B2F prefix, then the student's turns; returns the outcome."""
     sample = ep.sample
     module = load_env_module(ep.args.rollout_interaction_env_path)
@@ -223,7 +212,7 @@ async def _play(ep: Episode, plan: dict, replay_prefix) -> str:
         sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = [], [0]
     prefix_turns = 0
     if plan["mode"] == "b2f":
-        prefix_turns, end = await replay_prefix(ep, plan)
+        prefix_turns, end = await ep.replay_prefix(plan)
         sample.metadata["prefix_turns"] = prefix_turns
         if end is not None:
             return end
@@ -281,8 +270,14 @@ STATUS = {
 }
 
 
-async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: bool, replay_prefix) -> Sample:
-    """``generate`` with the B2F prefix source as a parameter: ``replay_prefix(episode, plan)``."""
+async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+    """slime's custom generate hook: play one episode and return it as one loss-masked Sample."""
+    return await play_episode(Episode(args, sample, sampling_params, evaluation))
+
+
+async def play_episode(ep: Episode) -> Sample:
+    """The episode of ``ep.sample`` by the step's plan, its outcome, status and metadata recorded on the sample."""
+    args, sample, evaluation = ep.args, ep.sample, ep.evaluation
     assert not args.partial_rollout, "Partial rollout is not supported for interaction rollouts."
     if not getattr(args, "max_turns", None):
         raise ValueError("max_turns must be set via --custom-config-path in the custom config file.")
@@ -290,9 +285,8 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     sample.session_id = sample.session_id or str(uuid.uuid4())  # evaluation keeps engine affinity too
     plan = episode_plan(args, get_current_rollout_id(), args.max_turns, evaluation)
     sample.metadata["episode_plan"] = plan
-    ep = Episode(args, sample, sampling_params, evaluation)
     try:
-        outcome = await _play(ep, plan, replay_prefix)
+        outcome = await _play(ep, plan)
     except EnvironmentFault as err:
         outcome = "env_error"
         sample.metadata["error"] = str(err)
@@ -328,8 +322,3 @@ async def play_episode(args, sample: Sample, sampling_params: dict, evaluation: 
     else:  # pure OPD: the teacher server's reply (the OPD reward_func fills it) or nothing to train
         sample.reward = None if args.opd_type == "sglang" else 0.0
     return sample
-
-
-async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
-    """slime's custom generate hook: play one episode and return it as one loss-masked Sample."""
-    return await play_episode(args, sample, sampling_params, evaluation, replay_expert_prefix)

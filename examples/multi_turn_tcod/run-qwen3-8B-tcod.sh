@@ -1,19 +1,22 @@
 #!/bin/bash
 
 # TCOD (arXiv:2604.24005) on gridnav: Qwen3-8B student (Megatron), Qwen3-32B teacher on its own SGLang server,
-# both in Qwen3's thinking mode. Data, checkpoints and usage: README.md.
+# both in Qwen3's thinking mode. Data, checkpoints, usage and the smaller 4-GPU setting: README.md.
 #   TCOD_MODE  f2b (default) or b2f; STUDENT, STUDENT_TORCH_DIST, TEACHER, DATA, EVAL_DATA, SAVE: paths
+#   MODEL_SCRIPT=qwen3-8B.sh (the student's scripts/models/ file), TP=2 (the student's tensor parallelism)
 #   NUM_GPUS=8, TEACHER_GPUS=2 (the last ones, outside Ray), ACTOR_GPUS=2 (the rest roll out)
 
 set -ex
 
 TCOD_MODE=${TCOD_MODE:-f2b}
+MODEL_SCRIPT=${MODEL_SCRIPT:-qwen3-8B.sh}
 STUDENT=${STUDENT:-/root/models/Qwen3-8B}
 STUDENT_TORCH_DIST=${STUDENT_TORCH_DIST:-/root/models/Qwen3-8B_torch_dist}
 TEACHER=${TEACHER:-/root/models/Qwen3-32B}
 DATA=${DATA:-/root/data/tcod/gridnav_train.jsonl}
 EVAL_DATA=${EVAL_DATA:-/root/data/tcod/gridnav_eval.jsonl}
-SAVE=${SAVE:-/root/ckpt/qwen3-8b-tcod-gridnav-${TCOD_MODE}}
+SAVE=${SAVE:-/root/ckpt/${MODEL_SCRIPT%.sh}-tcod-gridnav-${TCOD_MODE}}
+TP=${TP:-2}
 NUM_GPUS=${NUM_GPUS:-8}
 TEACHER_GPUS=${TEACHER_GPUS:-2}
 ACTOR_GPUS=${ACTOR_GPUS:-2}
@@ -50,7 +53,7 @@ export PYTHONUNBUFFERED=1
 NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l)
 if [ "$NVLINK_COUNT" -gt 0 ]; then HAS_NVLINK=1; else HAS_NVLINK=0; fi
 
-source "${SLIME_DIR}/scripts/models/qwen3-8B.sh"
+source "${SLIME_DIR}/scripts/models/${MODEL_SCRIPT}"
 
 # --ref-load gives the student's first weights while --load holds no checkpoint; without --use-kl-loss no
 # reference model is loaded (pure OPD: the teacher is the only other model).
@@ -102,7 +105,7 @@ EVAL_ARGS=(
 )
 
 PERF_ARGS=(
-   --tensor-model-parallel-size 2
+   --tensor-model-parallel-size ${TP}
    --sequence-parallel
    --pipeline-model-parallel-size 1
    --context-parallel-size 1

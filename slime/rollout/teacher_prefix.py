@@ -2,8 +2,9 @@
 
 The TCOD proposal seeds the student with the first ``L - k(n)`` turns of the teacher's episode, ``L``
 being that episode's length. :func:`generate` is the example's agent loop
-(``examples.multi_turn_tcod.rollout.play_episode``) with :func:`replay_teacher_prefix` as its prefix
-source; ``validate_prefix_source`` selects it as ``--custom-generate-function-path``. Per task:
+(``examples.multi_turn_tcod.rollout.play_episode``) on a :class:`TeacherPrefixEpisode`, whose
+``replay_prefix`` is :func:`replay_teacher_prefix`; ``validate_prefix_source`` selects it as
+``--custom-generate-function-path``. Per task:
 
 1. The teacher server (``--rm-url``) plays the whole episode once, in an environment of its own, from
    reset until done or ``--max-turns``. Its actions, token ids and observations are kept in
@@ -251,9 +252,9 @@ def usable(record: dict) -> bool:
 
 # ---------------------------------------------------------------------------- the prefix
 async def replay_teacher_prefix(ep: Episode, plan: dict):
-    """The agent loop's ``replay_prefix``: the B2F prefix from the teacher's episode, into the masked part.
+    """The B2F prefix from the teacher's episode, into the masked part.
 
-    Returns ``(replayed turns, end)`` as ``rollout.replay_expert_prefix`` does (``end``: None, the student
+    Returns ``(replayed turns, end)`` as the example's ``Episode.replay_prefix`` does (``end``: None, the student
     plays on; "replay_finished", "context_full" or "aborted") and writes ``prefix_source``
     (``teacher_cached`` / ``teacher_live``), ``prefix_fallback`` and ``teacher_episode_played`` into the
     sample's metadata.
@@ -309,7 +310,14 @@ async def replay_teacher_prefix(ep: Episode, plan: dict):
     return source(prefix), None
 
 
+class TeacherPrefixEpisode(Episode):
+    """The example's episode, its B2F prefix from the teacher's episode instead of expert actions."""
+
+    async def replay_prefix(self, plan: dict):
+        return await replay_teacher_prefix(self, plan)
+
+
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     """``--custom-generate-function-path`` for ``--tcod-prefix-source teacher``: the example's agent loop
-    with B2F prefixes from the teacher's episode instead of expert actions."""
-    return await play_episode(args, sample, sampling_params, evaluation, replay_teacher_prefix)
+    with B2F prefixes from the teacher's episode."""
+    return await play_episode(TeacherPrefixEpisode(args, sample, sampling_params, evaluation))

@@ -5,8 +5,10 @@ copied: ``add_tcod_arguments`` becomes a group nested in upstream's ``get_slime_
 on-policy-distillation group (and registered after it), the body of ``validate_tcod_args`` an inline ``if`` block of
 ``slime_validate_args`` right after the ``--custom-config-path`` YAML (which sets ``max_turns``) is applied. ``edits``
 also adds ``get_current_rollout_id()`` beside upstream's ``set_current_rollout_id`` (the agent loop reads the step
-there), the docs page to both toctrees, the example to ``examples/README.md``, and the tests to upstream's CI
-template (the GPU e2e test once per configuration, the CPU tests in ``cpu-unittest``). ``port.py`` applies it.
+there), the example to ``examples/README.md``, and the tests to upstream's CI template (the GPU e2e test once per
+configuration, the CPU tests in ``cpu-unittest``). The walkthrough is the example's README, as for upstream's other
+multi-turn examples (none has a docs page). ``port.py`` applies it; ``manifest_tcod_core_only.py`` is the other path
+(the getter alone, the example linked from its standalone repository).
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ EXAMPLE_FILES = tuple(f"examples/multi_turn_tcod/{name}" for name in (
 CPU_TEST_FILES = ("tests/test_tcod_arguments.py", "tests/test_tcod_rollout.py", "tests/test_tcod_e2e_cpu.py")
 GPU_TEST_FILE = "tests/test_qwen3_0.6B_tcod.py"
 TEST_FILES = (*CPU_TEST_FILES, GPU_TEST_FILE)
-DOC_FILES = ("docs/en/advanced/multi-turn-tcod.md", "docs/zh/advanced/multi-turn-tcod.md")
-COPIED_FILES = CORE_FILES + EXAMPLE_FILES + TEST_FILES + DOC_FILES
+COPIED_FILES = CORE_FILES + EXAMPLE_FILES + TEST_FILES
 SOURCES: dict[str, str] = {}  # every copied file lives at its upstream path here
 # verify_pr.py's caps (issue 30): added lines under slime/ and in all, the example's Python.
 CAPS = {"core": 150, "added": 2500, "example_py": 823, "removed": 5}  # 823: geo3k_vlm_multi_turn's Python
@@ -111,8 +112,6 @@ GETTER_ANCHOR = (
     "    _current_rollout_id = rollout_id\n"
 )
 GETTER = "\n\ndef get_current_rollout_id() -> int | None:\n    return _current_rollout_id\n"
-DOC_INDEXES = ("docs/en/index.rst", "docs/zh/index.rst")
-DOC_ANCHOR, DOC_LINE = "   advanced/on-policy-distillation.md\n", "   advanced/multi-turn-tcod.md\n"
 EXAMPLES_README = "examples/README.md"
 EXAMPLES_ANCHOR = "- **[multi_agent](./multi_agent)**"  # the list is alphabetical
 EXAMPLES_LINE = (
@@ -138,7 +137,7 @@ EXPECTED = (
     ("slime/utils/types.py", "remove_sample: bool = False", "upstream's way to drop samples"),
     ("slime/utils/http_utils.py", "async def post(url, payload, max_retries=60, headers=None):", "http_utils.post"),
     ("slime/utils/misc.py", "def load_function(", "plugin loading"),
-    *((index, DOC_ANCHOR.strip(), "the docs toctree") for index in DOC_INDEXES),
+    ("examples/geo3k_vlm_multi_turn/rollout.py", "def _load_env_module(", "the env loader the agent loop reuses"),
     (EXAMPLES_README, EXAMPLES_ANCHOR, "the examples list"),
     (TEMPLATE, ANCHOR, "where the GPU test is registered"),
     (TEMPLATE, CPU_JOB_LINE, "the CPU job the CPU tests are registered in"),
@@ -151,7 +150,6 @@ COMMITS = (
     ("[TCOD] Add examples/multi_turn_tcod: multi-turn agent rollout with TCOD's curriculum",
      [*EXAMPLE_FILES, EXAMPLES_README]),
     ("[TCOD] Add CPU tests and a GPU e2e test for multi-turn TCOD", [*TEST_FILES, TEMPLATE, RENDERED]),
-    ("[TCOD] Add the multi-turn TCOD docs page", [*DOC_FILES, *DOC_INDEXES]),
 )
 
 
@@ -243,7 +241,6 @@ def edits(slime_dir: Path) -> dict[str, str]:
     """The new text of every upstream file the PR edits (port.py keeps those that differ)."""
     text = lambda rel: (slime_dir / rel).read_text()  # noqa: E731
     new = {ARGS: edit_arguments(text(ARGS)), SAMPLE_HOOKS: edit_sample_hooks(text(SAMPLE_HOOKS))}
-    new.update({index: _insert_after(text(index), DOC_ANCHOR, DOC_LINE) for index in DOC_INDEXES})
     new[EXAMPLES_README] = _insert_after(text(EXAMPLES_README), EXAMPLES_ANCHOR, EXAMPLES_LINE)
     new[TEMPLATE] = edit_template(text(TEMPLATE))
     return new

@@ -1,6 +1,6 @@
 """Apply one of this repository's pull requests to an upstream THUDM/slime checkout.
 
-    python tools/slime_pr/port.py [--pr tcod|adaptive-kl] SLIME_DIR [--dry-run] [--no-commit]
+    python tools/slime_pr/port.py [--pr tcod|tcod-core-only|adaptive-kl] SLIME_DIR [--dry-run] [--no-commit]
 
 Each PR is a manifest module (``PRS``; TCOD by default): ``COPIED_FILES`` land at the same paths in SLIME_DIR (from
 ``SOURCES[path]`` here where that differs), ``edits(SLIME_DIR)`` gives the new text of the upstream files it edits,
@@ -23,7 +23,8 @@ from tools.slime_pr.manifest import GENERATOR, REPO, RENDERED, TEMPLATE  # noqa:
 from tools.slime_pr.manifest import PortError as PortError  # noqa: E402 - raised by the manifests' edits too
 from tools.slime_pr.trees import is_git_toplevel  # noqa: E402
 
-PRS = {"tcod": "manifest", "adaptive-kl": "manifest_adaptive_kl"}  # --pr -> its manifest module
+# --pr -> its manifest module; tcod-core-only: the TCOD PR's other path, the getter alone (PR.md)
+PRS = {"tcod": "manifest", "tcod-core-only": "manifest_tcod_core_only", "adaptive-kl": "manifest_adaptive_kl"}
 
 
 def manifest_of(pr: str):

@@ -2,7 +2,7 @@
 # Proof harness of this repository's pull requests for THUDM/slime: port one onto copies of an upstream tree and
 # check it as slime's CI and its reviewers would.
 #
-# usage: tools/slime_pr/verify.sh [--pr tcod|adaptive-kl] SLIME_DIR        (the TCOD PR by default)
+# usage: tools/slime_pr/verify.sh [--pr tcod|tcod-core-only|adaptive-kl] SLIME_DIR        (the TCOD PR by default)
 #
 # SLIME_DIR (an upstream checkout; git repo or plain tree) is only read. In a temp dir, each step a script here:
 #   1. pristine/ and ported/ copies (trees.py); port.py on ported/, then again: must change nothing (checksums);
@@ -19,6 +19,7 @@
 #      bit-identical when nothing new is asked (ppo, grpo, reinforce_plus_plus(_baseline)).
 #   8. opt-in (VERIFY_TRAIN_CPU=1): train_cpu.py, slime's own train.py on CPU: pristine-grpo on pristine/, the
 #      PR's cases on ported/ (tcod-f2b, tcod-b2f, tcod-megatron-teacher | kl-adaptive).
+# tcod-core-only (the getter alone, PR.md's second path) runs steps 1, 3 and 5 (8: pristine-grpo only).
 # Exit status 0 only if every step passed; the last line sums them up.
 #
 # Environment: PYTHON (default: this repo's .venv/bin/python, else python3); KEEP_TMP=1 keeps the temp dir;
@@ -45,13 +46,14 @@ usage() { # the header's first lines; the steps and environment variables follow
 PR=tcod
 if [[ "${1:-}" == "--pr" ]]; then
     case "${2:-}" in
-    tcod | adaptive-kl) PR="$2" && shift 2 ;;
-    *) die "--pr takes tcod or adaptive-kl" ;;
+    tcod | tcod-core-only | adaptive-kl) PR="$2" && shift 2 ;;
+    *) die "--pr takes tcod, tcod-core-only or adaptive-kl" ;;
     esac
 fi
 case "$PR" in # a tree that holds these is ported already
 tcod) PORTED_MARKERS=(slime/rollout/tcod.py examples/multi_turn_tcod) ;;
 adaptive-kl) PORTED_MARKERS=(slime/utils/kl_controller.py) ;;
+tcod-core-only) PORTED_MARKERS=() ;; # no file of its own: a ported tree fails step 1 ('port changed nothing')
 esac
 if [[ $# -eq 1 && ("$1" == "-h" || "$1" == "--help") ]]; then usage 0; fi
 [[ $# -eq 1 && -n "$1" ]] || usage
@@ -240,6 +242,7 @@ if [[ "${VERIFY_TRAIN_CPU:-0}" == 1 ]]; then
     case "$PR" in
     tcod) TRAIN_CASES=(tcod-f2b tcod-b2f tcod-megatron-teacher) ;;
     adaptive-kl) TRAIN_CASES=(kl-adaptive) ;;
+    tcod-core-only) TRAIN_CASES=() ;; # the example is not in the tree: slime's own GRPO only
     esac
     TRAIN_RESULTS=()
     for c in pristine-grpo "${TRAIN_CASES[@]}"; do

@@ -37,10 +37,13 @@ RUNTIME_NAMES = ("slime-tcod", "hanoi", "ScienceWorld", "TextWorld", "ALFWorld",
                  "engine_limits", "rollout_engine_urls", "tcod_prefix_source", "tcod_prefix_replay_path",
                  "examples.agent_envs", "make_env")
 _RUNTIME_NAME = re.compile(r"(?<![\w-])(" + "|".join(re.escape(n) for n in RUNTIME_NAMES) + r")(?![\w-])", re.I)
-# The paper's benchmarks may be named where a setting is cited to the official TCOD configs (the launch
-# script's eta values come from its ALFWorld / ScienceWorld / WebShop YAMLs); nowhere else.
+# The paper's benchmarks may be named where a setting or a result is cited to the official TCOD configs or paper
+# (the launch script's eta values come from its ALFWorld / ScienceWorld / WebShop YAMLs); nowhere else.
 OFFICIAL_BENCHMARKS = {"scienceworld", "alfworld", "webshop"}
 OFFICIAL_CITATION = re.compile(r"official|kokolerk/TCOD", re.I)
+# A Markdown line that names the standalone repository is a pointer to it (the example README's "The paper's
+# environments" and its CPU study): there the runtime's names say what the reader finds in that repository.
+STANDALONE = re.compile(r"(?<![\w-])slime-tcod(?![\w-])")
 SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
 PINNED = {"black": "24.3.0", "isort": "5.13.2", "ruff": "0.14.7", "autoflake": "2.0.2"}
 FAILED: list[str] = []
@@ -147,6 +150,8 @@ def runtime_name_hits(rel: str, added: list[tuple[int, str]]) -> list[str]:
     """``file:line: 'name'`` for every runtime name on a line the PR adds to ``rel``."""
     hits = []
     for number, text in added:
+        if rel.endswith(".md") and STANDALONE.search(text):
+            continue
         for match in _RUNTIME_NAME.finditer(text):
             if match.group(1).lower() in OFFICIAL_BENCHMARKS and OFFICIAL_CITATION.search(text):
                 continue
@@ -176,6 +181,8 @@ def registration_problems(ported: Path, conftests: list[str], pr) -> list[str]:
     except Exception as err:  # noqa: BLE001 - a template that does not render is itself the finding
         return problems + [f"{port.TEMPLATE} does not render: {type(err).__name__}: {err}"]
     problems += [f"{rel}: not registered in a CPU job" for rel in pr.CPU_TEST_FILES if rel not in cpu]
+    if not pr.GPU_TEST_FILE:  # a PR without a GPU test (tcod-core-only)
+        return problems
     gpu_name, want = pr.GPU_TEST_FILE.removeprefix("tests/"), sorted(pr.GPU_REGISTRATION)
     registered = False
     for name, job in rendered.items():
@@ -258,7 +265,8 @@ def main(argv=None) -> int:
         print(f"      {line}")
 
     problems = registration_problems(ported, [rel for rel in files if rel.endswith("conftest.py")], pr)
-    gpu = f"1 GPU in {len(pr.GPU_REGISTRATION)} configuration{'s' * (len(pr.GPU_REGISTRATION) > 1)}"
+    gpu = f"{int(bool(pr.GPU_TEST_FILE))} GPU in {len(pr.GPU_REGISTRATION)} configuration" + "s" * (
+        len(pr.GPU_REGISTRATION) != 1)
     check(not problems, f"the PR's tests as upstream's CI runs them ({len(pr.CPU_TEST_FILES)} CPU, {gpu}): "
                         f"{len(problems)} problems")
     for line in problems:
