@@ -71,6 +71,24 @@ def _due(step: int, interval: int | None, last: int) -> bool:
     return bool(interval) and ((step + 1) % interval == 0 or step == last)
 
 
+def _evaluate(rollout_manager, rollout_id: int) -> dict:
+    """The evaluation, announced, with a heartbeat and its result: it can last as long as several training steps
+    while the progress bar stands still (the demo's 96 held-out episodes: about 50 s at step 39 of 40)."""
+    from tqdm import tqdm
+
+    when = "before training" if rollout_id < 0 else f"after step {rollout_id}"
+    sets = ", ".join(f"{name} ({len(dataset.samples)} tasks)" for name, dataset in rollout_manager.eval_sets.items())
+    tqdm.write(f"train.py: evaluating {when}: {sets}", file=sys.stderr)
+    started = time.monotonic()
+    with heartbeat(f"train.py: still evaluating {when}"):
+        metrics = rollout_manager.evaluate(rollout_id)
+    # Rounded for the reader; metrics.jsonl keeps every digit.
+    results = "".join(f", {key.split('/')[1]} success {value:.2f}" for key, value in metrics.items()
+                      if key.endswith("/success_rate"))
+    tqdm.write(f"train.py: evaluated {when} in {time.monotonic() - started:.0f} s{results}", file=sys.stderr)
+    return metrics
+
+
 def _update_kl_controller(args, kl_ctrl, train_stats: dict, n_samples: int) -> dict:
     """Feed the batch's policy-vs-reference KL, in the ``--kl-ctrl-unit`` unit, to the adaptive controller
     (``kl_ctrl`` None: ``--kl-ctrl fixed``, nothing to feed)."""
@@ -231,7 +249,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
         last = args.num_rollout - 1
 
         if args.eval_interval and start == 0 and rollout_manager.eval_sets and not args.skip_eval_before_train:
-            logger.log(-1, rollout_manager.evaluate(-1))
+            logger.log(-1, _evaluate(rollout_manager, -1))
         bar = tqdm(range(start, args.num_rollout), desc="train", initial=start, total=args.num_rollout,
                    dynamic_ncols=True)
         # A step's checkpoint is written after its row, so its duration is reported in the next row
@@ -270,7 +288,7 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
                        "kl_ctrl/coef_used": coef_used}
             metrics.update(custom_rollout_log(args, rollout_id, groups, t_rollout))
             if eval_due:
-                metrics.update(rollout_manager.evaluate(rollout_id))
+                metrics.update(_evaluate(rollout_manager, rollout_id))
             timings = {"time/rollout": t_rollout, "time/train": t_train, "time/save": t_save,
                        "time/weight_sync": t_sync, "time/step": time.perf_counter() - t_step}
             timings.update(rollout_manager.last_timings())

@@ -43,11 +43,21 @@ phase() { printf '\n=== [%4ds] %s\n' "$(( SECONDS - T_START ))" "$*"; }
 die() { echo "run-tiny-tcod: $*" >&2; exit 1; }
 
 TEACHER_PID=""
-WORK=""
+WORK=""          # OUT_DIR while this run writes it; empty once the run has ended
+OUT_WAS_EMPTY=0  # OUT_DIR was an empty folder (made by hand) before this run
 cleanup() {
   if [ -n "${TEACHER_PID}" ]; then kill "${TEACHER_PID}" 2>/dev/null || true; wait "${TEACHER_PID}" 2>/dev/null || true; fi
-  # Not renamed: the run did not end. Its partial outputs (logs included) are named, not removed.
-  if [ -n "${WORK}" ]; then echo "run-tiny-tcod.sh: stopped before the end; OUT_DIR=${OUT_DIR} is untouched, this run's partial outputs are in ${WORK}" >&2; fi
+  [ -n "${WORK}" ] || return 0
+  # The run did not end: what it wrote moves aside, named, never removed, and OUT_DIR is left as it was found.
+  local partial
+  partial="$(mktemp -d "${OUT_DIR%/}.partial-XXXXXX")"
+  if mv -T "${WORK}" "${partial}"; then
+    [ "${OUT_WAS_EMPTY}" = 1 ] && mkdir -p "${OUT_DIR}"
+    echo "run-tiny-tcod.sh: stopped before the end; OUT_DIR=${OUT_DIR} is as it was, this run's partial outputs" \
+      "(logs included; the paths printed above under OUT_DIR) are in ${partial}" >&2
+  else
+    echo "run-tiny-tcod.sh: stopped before the end; this run's partial outputs are in ${WORK}" >&2
+  fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -60,15 +70,17 @@ done
 # The student is a checkpoint of the teacher's own SFT run, so it must come first.
 [ "${STUDENT_STEPS}" -lt "${TEACHER_STEPS}" ] \
   || { echo "run-tiny-tcod.sh: STUDENT_STEPS (${STUDENT_STEPS}) must be below TEACHER_STEPS (${TEACHER_STEPS})" >&2; exit 2; }
-# A demo never removes a run: a used OUT_DIR is refused. This run writes into a new folder beside OUT_DIR
-# and renames it to OUT_DIR at its end, so an interrupted or failed demo leaves OUT_DIR as it was.
+# A demo never removes a run: a used OUT_DIR is refused. This run writes into OUT_DIR itself, so every path it
+# prints is where the file stays; a run that stops early moves its outputs to OUT_DIR.partial-XXXXXX (named on
+# the way out) and leaves OUT_DIR as it was.
 if [ -e "${OUT_DIR}" ] && { [ ! -d "${OUT_DIR}" ] || [ -n "$(ls -A "${OUT_DIR}")" ]; }; then
   n=2; while [ -e "${OUT_DIR%/}-${n}" ]; do n=$(( n + 1 )); done
   echo "run-tiny-tcod.sh: OUT_DIR=${OUT_DIR} already holds a run, which is kept: run again with OUT_DIR=${OUT_DIR%/}-${n}, or remove that folder first" >&2
   exit 2
 fi
-mkdir -p "$(dirname "${OUT_DIR}")"
-WORK="$(mktemp -d "${OUT_DIR%/}.partial-XXXXXX")"
+[ -d "${OUT_DIR}" ] && OUT_WAS_EMPTY=1
+mkdir -p "${OUT_DIR}"
+WORK="${OUT_DIR%/}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 # ---------------------------------------------------------------- 1. init + data
@@ -103,13 +115,16 @@ phase "2/5 SFT on expert trajectories: teacher (${TEACHER_STEPS} steps), student
 ckpt() { printf '%s/sft/iter_%07d/model/hf' "${WORK}" "$(( $1 - 1 ))"; }
 TEACHER="$(ckpt "${TEACHER_STEPS}")"
 STUDENT="$(ckpt "${STUDENT_STEPS}")"
-[ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under ${WORK}/sft"
+[ -d "${TEACHER}" ] && [ -d "${STUDENT}" ] || die "SFT checkpoints missing under sft/ of this run's folder"
 # The SFT run evaluated every STUDENT_STEPS steps: at the student's checkpoint and at the teacher's. The
 # helper prints both and warns (stderr) when the teacher is not ahead: the runs below would distil nothing.
 read -r TEACHER_SUCCESS STUDENT_SUCCESS <<< "$("${PYTHON}" -m scripts.sft_eval "${WORK}/sft/metrics.jsonl" \
   --teacher-step "$(( TEACHER_STEPS - 1 ))" --student-step "$(( STUDENT_STEPS - 1 ))" --tasks "${EVAL_N}")"
-[ -n "${STUDENT_SUCCESS}" ] || die "no SFT evaluation in ${WORK}/sft/metrics.jsonl"
-echo "full-episode eval success (temperature 1.0, ${EVAL_N} tasks): teacher ${TEACHER_SUCCESS}, student ${STUDENT_SUCCESS}"
+[ -n "${STUDENT_SUCCESS}" ] || die "no SFT evaluation in sft/metrics.jsonl of this run's folder"
+# Rounded for people; the SFT run's metrics.jsonl keeps every digit, and the report gets them all.
+round2() { LC_ALL=C printf '%.2f' "$1"; }
+echo "full-episode eval success (temperature 1.0, ${EVAL_N} held-out tasks): teacher $(round2 "${TEACHER_SUCCESS}")," \
+  "student $(round2 "${STUDENT_SUCCESS}")"
 
 # ---------------------------------------------------------------- 3. teacher server
 phase "3/5 teacher server (hf_engine, SGLang protocol)"
@@ -118,7 +133,7 @@ PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0
   --enable-deterministic-inference > "${WORK}/teacher_server.log" 2>&1 &
 TEACHER_PID=$!
 "${PYTHON}" -m slime.backends.sglang_utils.wait_healthy --port "${PORT}" --pid "${TEACHER_PID}" \
-  || die "teacher server did not come up; see ${WORK}/teacher_server.log"
+  || die "teacher server did not come up; see teacher_server.log in this run's folder"
 
 # ---------------------------------------------------------------- 4. OPD, F2B, B2F
 OPD=(
@@ -150,11 +165,9 @@ done
 # ---------------------------------------------------------------- 5. report
 phase "5/5 table and plot"
 "${PYTHON}" -m scripts.tcod_report "${REPORT_RUNS[@]}" --teacher-success "${TEACHER_SUCCESS}" \
-  --start-eval "${STUDENT_SUCCESS}" \
+  --start-eval "${STUDENT_SUCCESS}" --eval-tasks "${EVAL_N}" \
   --md "${WORK}/table.md" --png "${WORK}/tcod-tiny.png"
-echo "eval success: teacher ${TEACHER_SUCCESS}, student at start ${STUDENT_SUCCESS}"
-# One rename: OUT_DIR holds this run's outputs whole, or (until here) nothing of it.
-rmdir "${OUT_DIR}" 2> /dev/null || true
-mv -T "${WORK}" "${OUT_DIR}" || die "could not rename ${WORK} to ${OUT_DIR}: this run's outputs stay in ${WORK}"
-WORK=""
+METRICS=(); for run in sft "${RUNS[@]}"; do METRICS+=("${OUT_DIR%/}/${run}/metrics.jsonl"); done
+echo "metrics, every digit: ${METRICS[*]}"
+WORK=""  # the run has ended: its outputs stay in OUT_DIR
 phase "done in $(( SECONDS - T_START )) s; outputs in ${OUT_DIR}"

@@ -1,5 +1,7 @@
 """The CPU demo (scripts/run-tiny-tcod.sh) never removes a run: a used OUT_DIR is refused in one line naming a
-free one, and a demo that stops early (Ctrl-C, a failure) leaves OUT_DIR as it was; a finished one fills it at once.
+free one, and a demo that stops early (Ctrl-C, a failure) leaves OUT_DIR as it was, its outputs moved aside and
+named. It writes into OUT_DIR itself, so every path it prints is where that file is once the demo has ended
+(it used to write a folder it renamed at the end, after printing paths inside it).
 
 The script runs as written with a fake PYTHON that stands in for every Python step (file writes only, in a
 second), so what is tested is the script's own handling of OUT_DIR.
@@ -8,6 +10,7 @@ second), so what is tested is the script's own handling of OUT_DIR.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,7 +43,7 @@ elif argv[0] == "train.py":
         Path(flag("--metrics-dir")).mkdir(parents=True)
         (Path(flag("--metrics-dir")) / "metrics.jsonl").write_text("{}\n")
 elif argv[:2] == ["-m", "scripts.sft_eval"]:
-    print("0.9 0.1")
+    print("0.7083333333333334 0.2916666666666667")  # as the SFT run's metrics hold them
 elif argv[:2] == ["-m", "slime.backends.hf_engine"]:
     sys.exit(3 if os.environ.get("FAKE_NO_TEACHER") else 0)
 elif argv[:2] == ["-m", "slime.backends.sglang_utils.wait_healthy"]:
@@ -48,6 +51,7 @@ elif argv[:2] == ["-m", "slime.backends.sglang_utils.wait_healthy"]:
 elif argv[:2] == ["-m", "scripts.tcod_report"]:
     Path(flag("--md")).write_text("new table\n")
     Path(flag("--png")).write_text("new plot\n")
+    print(f"table: {flag('--md')}\nplot: {flag('--png')}")
 elif argv[:2] == ["-m", "slime.utils.tiny_models"]:
     Path(flag("--out")).mkdir(parents=True)
 elif argv[:2] == ["-m", "examples.agent_envs.make_data"]:
@@ -104,6 +108,11 @@ def test_a_finished_demo_fills_out_dir_and_a_failed_one_leaves_it_as_it_was(tmp_
     out = _demo(tmp_path, out_dir)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"outputs in {out_dir}" in out.stdout
+    # Every path the demo printed is a file or folder there once it has ended (the fake steps print theirs).
+    printed = re.findall(rf"{re.escape(str(tmp_path))}\S*", out.stdout + out.stderr)
+    assert f"{out_dir}/table.md" in printed and f"{out_dir}/tcod-tiny.png" in printed, printed
+    assert all(Path(p.rstrip(".,;:)")).exists() for p in printed), printed
+    assert "full-episode eval success (temperature 1.0, 96 held-out tasks): teacher 0.71, student 0.29" in out.stdout
     assert _files(out_dir)["table.md"] == "new table\n" and (out_dir / "sft/metrics.jsonl").is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tiny-tcod")] == ["tiny-tcod"]  # no leftovers
 
@@ -116,8 +125,9 @@ def test_a_finished_demo_fills_out_dir_and_a_failed_one_leaves_it_as_it_was(tmp_
     assert list(empty.iterdir()) == []
     (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith("empty.partial-")]
     assert (partial / "sft/metrics.jsonl").is_file()
-    assert out.stderr.splitlines()[-1] == (f"run-tiny-tcod.sh: stopped before the end; OUT_DIR={empty} is "
-                                           f"untouched, this run's partial outputs are in {partial}")
+    assert out.stderr.splitlines()[-1] == (f"run-tiny-tcod.sh: stopped before the end; OUT_DIR={empty} is as it was, "
+                                           f"this run's partial outputs (logs included; the paths printed above "
+                                           f"under OUT_DIR) are in {partial}")
 
 
 def test_ctrl_c_during_the_demo_leaves_no_out_dir(tmp_path):
@@ -126,11 +136,13 @@ def test_ctrl_c_during_the_demo_leaves_no_out_dir(tmp_path):
                             stderr=subprocess.PIPE, text=True, env=_env(tmp_path, out_dir, FAKE_HANG="1"),
                             start_new_session=True)
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob("tiny-tcod.partial-*/sft-started")):
+    while not (out_dir / "sft-started").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert not out_dir.exists()
-    assert "stopped before the end" in err.splitlines()[-1], err
+    (partial,) = tmp_path.glob("tiny-tcod.partial-*")
+    assert (partial / "sft-started").exists()
+    assert err.splitlines()[-1].endswith(f"are in {partial}"), err

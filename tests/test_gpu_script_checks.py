@@ -21,6 +21,16 @@ def run(**variables):
     return out.returncode, out.stderr.strip().splitlines()
 
 
+def _gpu_host(tmp_path: Path) -> dict:
+    """PATH and PYTHONPATH of a machine with 8 GPUs and SGLang, as far as the script's first checks can tell."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: Fake'\n" for i in range(8)))
+    (tmp_path / "bin/nvidia-smi").chmod(0o755)
+    (tmp_path / "site/sglang").mkdir(parents=True)
+    (tmp_path / "site/sglang/__init__.py").write_text("")
+    return {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "site")}
+
+
 @pytest.mark.parametrize("variables,line", [
     ({"NUM_GPUS": "2", "TEACHER_GPUS": "2"}, "NUM_GPUS=2 with TEACHER_GPUS=2 leaves 0 GPU(s) for training; it needs 2 "
      "(the trainer and the rollout engines get GPUs of their own): raise NUM_GPUS or lower TEACHER_GPUS"),
@@ -32,9 +42,14 @@ def run(**variables):
     ({"TP": "-2"}, "TP=-2 must be a whole number >= 1"),
     ({"TEACHER_PORT": "70000"}, "TEACHER_PORT=70000 must be a port number (1-65535)"),
     ({"TCOD_MODE": "B2F"}, "TCOD_MODE=B2F must be f2b or b2f"),
-    ({"DRY_RUN": "0", "STUDENT": "/nonexistent/Qwen3-8B"}, "STUDENT=/nonexistent/Qwen3-8B is not a folder"),
+    # A real run (DRY_RUN=0) on a machine with the GPUs and SGLang it needs (faked: tests/test_refused_before_ray.py)
+    ({"DRY_RUN": "0", "STUDENT": "/nonexistent/Qwen3-8B", "GPU_HOST": "1"},
+     "STUDENT=/nonexistent/Qwen3-8B is not a folder"),
 ])
-def test_a_bad_variable_is_named_before_anything_runs(variables, line):
+def test_a_bad_variable_is_named_before_anything_runs(tmp_path, variables, line):
+    variables = dict(variables)
+    if variables.pop("GPU_HOST", None):
+        variables = {**_gpu_host(tmp_path), **variables}
     code, err = run(**variables)
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"{SCRIPT}: {line}"), err

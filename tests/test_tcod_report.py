@@ -1,6 +1,6 @@
 """The demo's report: start/end numbers from metrics records, a skipped step -1 eval, and the plot."""
 
-from scripts.tcod_report import markdown_table, mean_per_turn_kl, plot, summarize
+from scripts.tcod_report import figure, gap_closed, headline, main, markdown_table, mean_per_turn_kl, plot, summarize
 
 
 def _records():
@@ -26,6 +26,71 @@ def test_summarize_uses_step_windows_and_start_eval():
     with_start = [{"step": -1, "eval/gridnav/success_rate": 0.3}] + _records()
     assert summarize(with_start, start_eval=0.05)["eval_success_start"] == 0.3
     assert "| run |" in markdown_table({"x": s})
+
+
+def _summary(start, end, tokens):
+    return {"steps": 40, "train_success_start": 0.23333333, "train_success_end": 0.5, "eval_success_start": start,
+            "eval_success_end": end, "traj_kl_start": 9.5625, "traj_kl_end": 3.1406, "wall_time_s": 142.71,
+            "trained_tokens": tokens}
+
+
+def test_gap_closed_is_the_share_of_the_teacher_student_gap():
+    assert abs(gap_closed(0.2916666666666667, 0.5625, 0.75) - 0.5909090909) < 1e-9
+    assert gap_closed(0.3, 0.3, 0.9) == 0.0
+    assert gap_closed(0.5, 0.6, 0.5) is None  # the teacher is not ahead: no gap to close
+    assert gap_closed(0.3, None, 0.9) is None and gap_closed(0.3, 0.5, None) is None
+
+
+def test_the_table_carries_each_runs_gap_share_beside_the_figures_it_comes_from():
+    runs = {"vanilla OPD": _summary(0.2916666666666667, 0.5625, 24834),
+            "TCOD-F2B": _summary(0.2916666666666667, 0.46875, 17736)}
+    lines = markdown_table(runs, teacher_success=0.7083333333333334).splitlines()
+    assert lines[0] == ("| run | steps | eval success: teacher | student at start -> end | gap closed | "
+                        "train success start -> end | trajectory KL start -> end | wall time (s) | trained tokens |")
+    # Rounded for people: two decimals, whole percent, thousands separators; tokens against the first run.
+    assert lines[2] == ("| vanilla OPD | 40 | 0.71 | 0.29 -> 0.56 | 65% | 0.23 -> 0.50 | 9.56 -> 3.14 | 143 | "
+                        "24,834 |")
+    assert lines[3].startswith("| TCOD-F2B | 40 | 0.71 | 0.29 -> 0.47 | 42% |")  # 42.5%, rounded half to even
+    assert lines[3].endswith("| 17,736 (-29%) |")
+    # No teacher figure: no share; a teacher behind the student: said so.
+    assert "| - | 0.29 -> 0.56 | - |" in markdown_table(runs)
+    assert "| 0.20 | 0.29 -> 0.56 | no gap |" in markdown_table(runs, teacher_success=0.2)
+
+
+def test_the_headline_names_every_share_with_its_figures_in_one_line():
+    runs = {"vanilla OPD": _summary(0.29, 0.56, 1), "TCOD-F2B": _summary(0.29, 0.47, 1)}
+    assert headline(runs, 0.75, tasks=96) == [
+        "gap closed on 96 held-out tasks, from the student's 0.29 toward the teacher's 0.75: vanilla OPD 59% (to "
+        "0.56), TCOD-F2B 39% (to 0.47)"]
+    # Runs from different starting points: one line each, with its own start.
+    runs["TCOD-F2B"]["eval_success_start"] = 0.5
+    assert headline(runs, 0.75)[1] == "TCOD-F2B closed -12% of the gap on the held-out tasks: 0.50 -> 0.47, teacher 0.75"
+    assert headline(runs, None) == []
+
+
+def test_evaluations_are_drawn_as_points_not_a_line():
+    fig = figure({"a": _records(), "b": _records()}, teacher_success=0.9, start_eval=0.1)
+    evals = [line for line in fig.axes[0].get_lines() if "eval (full episodes" in line.get_label()]
+    assert [line.get_label() for line in evals] == ["a eval (full episodes, 50% of the gap)",
+                                                    "b eval (full episodes, 50% of the gap)"]
+    for line in evals:
+        assert line.get_linestyle() == "None" and line.get_marker() not in (None, "None", "")
+        assert list(line.get_xdata()) == [-1, 2, 5]
+    assert evals[0].get_marker() != evals[1].get_marker()  # equal points of two runs stay apart
+
+
+def test_main_prints_the_table_the_summary_and_the_paths_it_wrote(tmp_path, capsys):
+    _write_run(tmp_path / "opd", _records())
+    md, png = tmp_path / "out" / "table.md", tmp_path / "out" / "p.png"
+    (tmp_path / "out").mkdir()
+    assert main(["--run", "vanilla OPD", str(tmp_path / "opd/metrics.jsonl"), "--teacher-success", "0.9",
+                 "--start-eval", "0.1", "--eval-tasks", "96", "--md", str(md), "--png", str(png)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [f"table: {md}", f"plot: {png}"]
+    assert "gap closed on 96 held-out tasks, from the student's 0.10 toward the teacher's 0.90: vanilla OPD 50% " \
+           "(to 0.50)" in out
+    assert md.read_text().splitlines()[2].startswith("| vanilla OPD | 6 | 0.90 | 0.10 -> 0.50 | 50% |")
+    assert png.stat().st_size > 1000
 
 
 def test_per_turn_mean_skips_missing_turns():
