@@ -283,9 +283,10 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
                     rollout_manager.update_weights(str(sync_dir))
                 t_sync = time.perf_counter() - t0
 
+            # kl_ctrl/coef: the coefficient this step's rewards used (the PR's meaning); adaptive adds next_coef.
             metrics = {**rollout_metrics(args, groups, samples, train_stats), **select_stats,
-                       **{k: v for k, v in train_stats.items() if not k.startswith("per_sample_")}, **kl_stats,
-                       "kl_ctrl/coef_used": coef_used}
+                       **{k: v for k, v in train_stats.items() if not k.startswith("per_sample_")},
+                       "kl_ctrl/coef": coef_used, **kl_stats}
             metrics.update(custom_rollout_log(args, rollout_id, groups, t_rollout))
             if eval_due:
                 metrics.update(_evaluate(rollout_manager, rollout_id))

@@ -125,7 +125,7 @@ def run_one(job: dict) -> dict:
         "wall_s": round(wall, 1), "load_before": load_before, "load_after": _loadavg(),
         "step_s": [r.get("time/step") for r in records],
         "kl": [r[KL_KEY] for r in records],
-        "beta": [r.get("kl_ctrl/coef_used", job["coef"]) for r in records],
+        "beta": [r.get("kl_ctrl/coef", job["coef"]) for r in records],
         "reward": [r["rollout/reward"] for r in records],
     })
     return row

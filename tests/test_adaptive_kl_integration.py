@@ -29,7 +29,7 @@ STEPS, STOP_AFTER = 4, 1
 # summed KL passes this target within a couple of updates, so both directions are exercised.
 TARGET, HORIZON, BATCH = 0.3, 32.0, 16
 CTRL_KEYS = ("kl_ctrl/observed_kl", "kl_ctrl/target_kl", "kl_ctrl/coef", "kl_ctrl/error", "kl_ctrl/clipped",
-             "kl_ctrl/coef_used")
+             "kl_ctrl/next_coef")
 
 
 def _argv(task, out, num_rollout):
@@ -80,13 +80,13 @@ def test_every_step_logs_the_controller_metrics_in_the_configured_unit(runs):
 
 def test_coefficient_follows_the_observed_kl_between_steps(runs):
     recs = runs.full
-    assert recs[0]["kl_ctrl/coef_used"] == 0.05  # the initial --kl-coef shapes the first batch
+    assert recs[0]["kl_ctrl/coef"] == 0.05  # the initial --kl-coef shapes the first batch
     directions = set()
     for prev, cur in zip(recs, recs[1:]):
         # Batch n is shaped with the value the controller reached after batch n-1 ...
-        assert cur["kl_ctrl/coef_used"] == prev["kl_ctrl/coef"]
+        assert cur["kl_ctrl/coef"] == prev["kl_ctrl/next_coef"]
         # ... which moved up when that batch's KL was above the target and down when below.
-        step = cur["kl_ctrl/coef_used"] / prev["kl_ctrl/coef_used"] - 1.0
+        step = cur["kl_ctrl/coef"] / prev["kl_ctrl/coef"] - 1.0
         wanted = prev["kl_ctrl/observed_kl"] / TARGET - 1.0
         assert step != 0.0 and math.copysign(1, step) == math.copysign(1, wanted), (prev, cur)
         error = max(-0.2, min(0.2, wanted))
@@ -98,19 +98,19 @@ def test_coefficient_follows_the_observed_kl_between_steps(runs):
 def test_every_checkpoint_holds_the_controller_state(runs):
     for rec in runs.full:
         state = _saved_state(runs.root / "full", rec["step"])
-        assert state == {"value": rec["kl_ctrl/coef"], "target": TARGET, "horizon": HORIZON}
+        assert state == {"value": rec["kl_ctrl/next_coef"], "target": TARGET, "horizon": HORIZON}
         trainer_state = json.loads((runs.root / "full" / f"iter_{rec['step']:07d}" / "trainer_state.json").read_text())
         assert "kl_controller" not in trainer_state
 
 
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one(runs):
     assert [r["step"] for r in runs.stopped] == list(range(STOP_AFTER + 1))
-    assert runs.stopped_ckpt["value"] == runs.stopped[-1]["kl_ctrl/coef"]
+    assert runs.stopped_ckpt["value"] == runs.stopped[-1]["kl_ctrl/next_coef"]
     assert [r["step"] for r in runs.resumed] == list(range(STEPS))
     # The first resumed step uses the restored coefficient, not --kl-coef again.
-    assert runs.resumed[STOP_AFTER + 1]["kl_ctrl/coef_used"] == runs.stopped_ckpt["value"]
+    assert runs.resumed[STOP_AFTER + 1]["kl_ctrl/coef"] == runs.stopped_ckpt["value"]
     for full, resumed in zip(runs.full, runs.resumed):
-        for key in ("kl_ctrl/coef_used", "kl_ctrl/coef", "kl_ctrl/observed_kl", "kl/observed_sample_mean",
+        for key in ("kl_ctrl/coef", "kl_ctrl/next_coef", "kl_ctrl/observed_kl", "kl/observed_sample_mean",
                     "rollout/response_len", "advantages/mean", "loss", "critic/value_loss"):
             assert resumed[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), (full["step"], key)
 

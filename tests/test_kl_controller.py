@@ -22,22 +22,22 @@ def test_sequence_of_updates_against_hand_computation():
     # (observed KL, n_steps, error after the clip, clipped?)
     for observed, n, error, clipped in [(1.1, 10, 0.1, 0.0), (2.0, 10, 0.2, 1.0), (0.5, 20, -0.2, 1.0),
                                         (0.9, 5, -0.1, 0.0), (1.0, 50, 0.0, 0.0)]:
+        used = beta
         beta *= 1 + error * n / 100.0
         stats = ctrl.update(observed, n)
         assert ctrl.value == pytest.approx(beta, rel=1e-12)
-        assert stats["kl_ctrl/coef"] == pytest.approx(beta, rel=1e-12)
+        assert stats["kl_ctrl/coef"] == used  # the value this step used
+        assert stats["kl_ctrl/next_coef"] == pytest.approx(beta, rel=1e-12)
         assert stats["kl_ctrl/error"] == pytest.approx(error)
         assert stats["kl_ctrl/clipped"] == clipped
         assert stats["kl_ctrl/observed_kl"] == observed and stats["kl_ctrl/target_kl"] == 1.0
 
 
-def test_a_step_that_would_zero_the_coefficient_is_refused():
-    ctrl = adaptive(horizon=1.0)
-    with pytest.raises(ValueError, match="larger horizon"):
-        ctrl.update(0.0, 5)  # 1 - 0.2 * 5 / 1 = 0
-    assert ctrl.value == 0.1
-    ctrl.update(0.0, 4)  # the largest step below it: 1 - 0.8
-    assert ctrl.value == pytest.approx(0.02)
+def test_the_largest_step_validation_allows_keeps_the_coefficient_positive():
+    # slime_validate_args refuses a horizon below a step's samples, so n_steps <= horizon: at most -20%.
+    ctrl = adaptive(horizon=10.0)
+    ctrl.update(0.0, 10)
+    assert ctrl.value == pytest.approx(0.1 * 0.8)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -97,4 +97,5 @@ def test_a_saved_value_that_is_not_finite_and_positive_is_refused(bad):
 def test_build_from_args():
     ctrl = build_kl_controller(SimpleNamespace(kl_coef=0.2, kl_target=0.05, kl_horizon=10000.0))
     assert (ctrl.value, ctrl.target, ctrl.horizon) == (0.2, 0.05, 10000.0)
-    assert math.isclose(ctrl.update(0.1, 100)["kl_ctrl/coef"], 0.2 * (1 + 0.2 * 100 / 10000))
+    stats = ctrl.update(0.1, 100)
+    assert stats["kl_ctrl/coef"] == 0.2 and math.isclose(stats["kl_ctrl/next_coef"], 0.2 * (1 + 0.2 * 100 / 10000))

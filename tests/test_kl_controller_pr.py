@@ -40,9 +40,11 @@ def test_adaptive_follows_the_rule_against_a_reference():
     for _ in range(200):
         observed, n_steps = rng.uniform(0.0, 0.4), rng.randint(1, 256)
         expected = reference_update(expected, observed, 0.1, n_steps, 1000)
+        used = ctrl.value
         metrics = ctrl.update(observed, n_steps)
         assert ctrl.value == pytest.approx(expected, rel=1e-12)
-        assert metrics["kl_ctrl/coef"] == ctrl.value
+        # kl_ctrl/coef is the value this step's rewards used, everywhere; the updated one is next_coef
+        assert metrics["kl_ctrl/coef"] == used and metrics["kl_ctrl/next_coef"] == ctrl.value
         assert metrics["kl_ctrl/observed_kl"] == observed and metrics["kl_ctrl/target_kl"] == 0.1
         assert abs(metrics["kl_ctrl/error"]) <= 0.2
         assert metrics["kl_ctrl/clipped"] == float(abs(observed / 0.1 - 1) > 0.2)
@@ -209,10 +211,11 @@ def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path,
     assert args.kl_ctrl == "adaptive" and args.use_critic and args.kl_horizon == 10000
     assert not [r for r in caplog.records if "--kl-horizon" in r.getMessage()]
     batch = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), rollout_batch_size=8, n_samples_per_prompt=4))
-    batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted, with a warning: it oscillates
+    batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted, with a warning
     with caplog.at_level(logging.WARNING):
         module.slime_validate_args(batch)
-    assert [r for r in caplog.records if "--kl-horizon 32 is under 10x" in r.getMessage()]
+    assert [r for r in caplog.records if "--kl-horizon 32 is under 10x" in r.getMessage() and "20% a step" in
+            r.getMessage()]
 
 
 def test_roles_without_a_kl_controller_are_reset_to_fixed(monkeypatch):
@@ -338,10 +341,18 @@ def test_ci_check_finds_the_coefficient_the_rewards_were_shaped_with(loss_module
 
     data = _rollout(4)
     loss_module.compute_advantages_and_returns(_args("ppo", 0.05), data, kl_coef=0.3)
-    check_reward_kl_coef(_args("ppo", 0.05), data, 0.3)
+    check_reward_kl_coef(_args("ppo", 0.05), data, 0.3, 1)
     with pytest.raises(AssertionError, match="coefficient of 0.3"):
-        check_reward_kl_coef(_args("ppo", 0.05), data, 0.05)  # --kl-coef, not the value handed in
-    check_reward_kl_coef(Namespace(gamma=0.9, lambd=1.0), data, 0.05)  # returns are no sums of rewards: no check
+        check_reward_kl_coef(_args("ppo", 0.05), data, 0.05, 1)  # --kl-coef, not the value handed in
+    with pytest.raises(AssertionError, match="gamma 1"):  # returns are no sums of rewards: no fit possible
+        check_reward_kl_coef(Namespace(gamma=0.9, lambd=1.0), data, 0.05, 1)
+    # No KL to fit (a policy equal to its reference): allowed at rollout 0 only, where that is expected.
+    zero = _rollout(4)
+    zero["ref_log_probs"] = [lp.clone() for lp in zero["log_probs"]]
+    loss_module.compute_advantages_and_returns(_args("ppo", 0.05), zero, kl_coef=0.3)
+    check_reward_kl_coef(_args("ppo", 0.05), zero, 0.3, 0)
+    with pytest.raises(AssertionError, match="no KL to fit"):
+        check_reward_kl_coef(_args("ppo", 0.05), zero, 0.3, 2)
 
 
 def test_observed_kl_is_the_mean_of_per_sample_masked_means(loss_module, monkeypatch):

@@ -40,21 +40,19 @@ class AdaptiveKLController:
         self.horizon = float(horizon)
 
     def update(self, current_kl, n_steps):
-        """Apply one step's observation; returns the ``kl_ctrl/*`` metrics. A non-finite KL is refused."""
+        """Apply one step's observation; returns the ``kl_ctrl/*`` metrics: ``kl_ctrl/coef`` is the value this step's
+        rewards used (the one before the update), ``kl_ctrl/next_coef`` the one the next step uses. A non-finite KL
+        is refused. ``n_steps`` is at most ``horizon`` (``slime_validate_args``), so the value stays > 0."""
         if not math.isfinite(current_kl):
             raise ValueError(f"observed KL is not finite ({current_kl}); the KL coefficient is left unchanged")
         _check_positive("n_steps", n_steps)
         raw_error = current_kl / self.target - 1.0
         error = min(max(raw_error, -ERROR_CLIP), ERROR_CLIP)
-        factor = 1.0 + error * n_steps / self.horizon
-        if factor <= 0:
-            raise ValueError(
-                f"a step of {n_steps} samples with horizon {self.horizon} would make the KL coefficient "
-                "non-positive; use a larger horizon"
-            )
-        self.value *= factor
+        used = self.value
+        self.value *= 1.0 + error * n_steps / self.horizon
         return {
-            "kl_ctrl/coef": self.value,
+            "kl_ctrl/coef": used,
+            "kl_ctrl/next_coef": self.value,
             "kl_ctrl/observed_kl": float(current_kl),
             "kl_ctrl/target_kl": self.target,
             "kl_ctrl/error": error,
@@ -124,12 +122,11 @@ def restore_kl_controller(controller, args, loaded_rollout_id, group=None):
 
 def step_kl_controller(controller, observed_kl, n_samples, check_group=None):
     """One step's update from the reduced ``(observed_kl, n_samples)``; no samples, no update. Returns the
-    ``kl_ctrl/*`` metrics with ``kl_ctrl/coef`` the value used this step. With ``check_group`` (``--ci-test``)
+    ``kl_ctrl/*`` metrics (``kl_ctrl/coef``: the value this step used). With ``check_group`` (``--ci-test``)
     asserts the new value is the same on every rank."""
-    coef_used = controller.value
     if n_samples == 0:
-        return {"kl_ctrl/coef": coef_used}
-    metrics = {**controller.update(observed_kl, n_samples), "kl_ctrl/coef": coef_used}
+        return {"kl_ctrl/coef": controller.value}
+    metrics = controller.update(observed_kl, n_samples)
     if check_group is not None:
         values = [None] * dist.get_world_size(check_group)
         dist.all_gather_object(values, controller.value, group=check_group)

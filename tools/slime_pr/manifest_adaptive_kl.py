@@ -77,9 +77,9 @@ _KL_CTRL_FLAGS = """\
                 type=float,
                 default=None,
                 help=(
-                    "Horizon of --kl-ctrl adaptive, in samples (default 10000): after each step the coefficient is "
-                    "multiplied by 1 + clip(observed / target - 1, -0.2, 0.2) * samples of the step / horizon. "
-                    "Use at least ~10-50x the samples of a step: a shorter horizon makes the coefficient oscillate."
+                    "Horizon of --kl-ctrl adaptive, in samples (default 10000, as in Ziegler et al.'s code, TRL and "
+                    "verl): after each step the coefficient is multiplied by 1 + clip(observed / target - 1, -0.2, "
+                    "0.2) * samples of the step / horizon. slime warns below 10x the samples of a step."
                 ),
             )
 """
@@ -108,7 +108,10 @@ _VALIDATE = """\
                 f"n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt})."
             )
         if args.kl_horizon < 10 * args.rollout_batch_size * args.n_samples_per_prompt:
-            logger.warning(f"--kl-horizon {args.kl_horizon:g} is under 10x the samples of a step: it may oscillate.")
+            logger.warning(
+                f"--kl-horizon {args.kl_horizon:g} is under 10x the samples of a step: the coefficient moves up to "
+                f"{0.2 * args.rollout_batch_size * args.n_samples_per_prompt / args.kl_horizon:.0%} a step."
+            )
     elif args.kl_target is not None or args.kl_horizon is not None:
         raise ValueError("--kl-target and --kl-horizon are only used with --kl-ctrl adaptive.")
 
@@ -231,7 +234,7 @@ _ACTOR_CALL_NEW = """\
                 if self.args.ci_test and self.kl_ctrl is not None and mpu.is_pipeline_last_stage():
                     from .ci_utils import check_reward_kl_coef
 
-                    check_reward_kl_coef(self.args, rollout_data, self.kl_ctrl.value)
+                    check_reward_kl_coef(self.args, rollout_data, self.kl_ctrl.value, rollout_id)
 
             if self.rollout_data_postprocess"""
 _ACTOR_LOG = """\
@@ -269,12 +272,12 @@ _CI_END = """\
 """
 _CI_CHECK = '''
 
-def check_reward_kl_coef(args, rollout_data, kl_coef: float) -> None:
+def check_reward_kl_coef(args, rollout_data, kl_coef: float, rollout_id: int) -> None:
     """Check that PPO's rewards were shaped with ``kl_coef``: with ``--gamma 1 --lambd 1`` a return grows from one
     response token to the next (the last one holds the reward) by ``kl_coef * kl``, so the least-squares slope of
-    that growth against the per-token KL, over this rank's samples, must be ``kl_coef``."""
-    if args.gamma != 1 or args.lambd != 1:
-        return
+    that growth against the per-token KL, over this rank's samples, must be ``kl_coef``. Logs the slope and its
+    tolerance. No KL to fit fails, except at rollout 0, where the actor may still equal its reference."""
+    assert args.gamma == 1 and args.lambd == 1, "check_reward_kl_coef needs --gamma 1 --lambd 1"
     from .cp_utils import all_gather_with_cp
 
     growth, kl = [], []
@@ -292,10 +295,16 @@ def check_reward_kl_coef(args, rollout_data, kl_coef: float) -> None:
     growth, kl = torch.cat(growth), torch.cat(kl)
     kl_square_sum = (kl * kl).sum().item()
     if kl_square_sum == 0:
-        return  # a policy still equal to its reference: every coefficient gives the same rewards
+        assert rollout_id == 0, f"rollout {rollout_id}: no KL to fit, so the check of the KL coefficient proves nothing"
+        logger.info("check_reward_kl_coef: rollout 0, the actor equals its reference (KL 0): nothing to fit")
+        return
     slope = (growth * kl).sum().item() / kl_square_sum
     residual = (growth - slope * kl).square().sum().item() / max(len(kl) - 1, 1)
     tolerance = 1e-3 * kl_coef + 6 * math.sqrt(residual / kl_square_sum)
+    logger.info(
+        f"check_reward_kl_coef: rollout {rollout_id}: fitted {slope:.6g}, controller {kl_coef:.6g}, "
+        f"tolerance {tolerance:.2g}"
+    )
     assert abs(slope - kl_coef) <= tolerance, (
         f"PPO's rewards were shaped with a KL coefficient of {slope:.6g}, not the controller's {kl_coef:.6g} "
         f"(tolerance {tolerance:.2g})"
