@@ -1,0 +1,283 @@
+"""Tables, verdict and plot of benchmarks/adaptive_kl_slime.py, from its ``runs.jsonl`` and ``closed_form.json``.
+
+    python benchmarks/adaptive_kl_slime_report.py [--results benchmarks/results/adaptive_kl_slime] [--plot PNG]
+
+Imports nothing from the benchmark (the benchmark imports this module). The criteria, fixed before the runs:
+
+* gate (fixed ``beta``): no run leaves its plateau for a degenerate answer (a step of the second half where one
+  answer is more than half of the 64 samples, or the mean answer has more than 6 of its 8 characters vowels); the
+  plateau (the mean KL over the second half) falls as ``beta`` rises (means over seeds); every run's plateau is
+  within 2x of the closed form.
+* controller: over the second half, ``in band`` = the share of steps with the KL within +-30% of the target and
+  ``dev`` = the mean of ``|KL/target - 1|``. An adaptive run passes on a seed when its ``in band`` is at least the
+  fixed reference ``beta``'s minus 0.1 and its ``dev`` at most the fixed one's plus 0.1; the controller passes
+  when every adaptive run at the main horizon, from both starts, passes on every seed.
+* the coefficient: an adaptive run whose rewards were shaped with the same ``beta`` at every step (fitted from
+  its returns) did not adapt; the verdict says so and the controller is not credited with a pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+BAND = 0.3
+MARGIN = 0.1
+GATE_FACTOR = 2.0
+MODE_SHARE_MAX = 0.5
+VOWELS_MAX = 6.0
+BETA_MOVED_RTOL = 1e-6
+
+
+def second_half(values: list) -> list:
+    return values[len(values) // 2:]
+
+
+def kl_series(row: dict) -> list[float]:
+    return [s["kl"] for s in row["per_step"]]
+
+
+def beta_series(row: dict) -> list[float]:
+    """The coefficient each step's rewards were shaped with, fitted from the returns (None before any KL)."""
+    return [s.get("beta_fit") for s in row["per_step"]]
+
+
+def plateau(row: dict) -> float:
+    return statistics.fmean(second_half(kl_series(row)))
+
+
+def degenerate_step(row: dict) -> int | None:
+    """The first second-half step whose answers collapsed (one answer over half the batch, or mostly vowels)."""
+    steps = row["per_step"]
+    for s in steps[len(steps) // 2:]:
+        if s.get("mode_share", 0) > MODE_SHARE_MAX or s.get("vowels", 0) > VOWELS_MAX:
+            return s["step"]
+    return None
+
+
+def band_scores(row: dict, target: float) -> tuple[float, float]:
+    """(share of second-half steps within +-BAND of the target, mean |KL/target - 1| over them)."""
+    devs = [abs(k / target - 1) for k in second_half(kl_series(row))]
+    return sum(d <= BAND for d in devs) / len(devs), statistics.fmean(devs)
+
+
+def beta_moved(row: dict) -> bool:
+    """Whether the rewards were shaped with more than one coefficient over the run, the start value included."""
+    betas = [row["beta"]] + [b for b in beta_series(row) if b is not None]
+    return (max(betas) - min(betas)) > BETA_MOVED_RTOL * max(abs(b) for b in betas)
+
+
+def load(results: Path) -> tuple[list[dict], dict]:
+    rows = []
+    for line in (results / "runs.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if row.get("rc") == 0 and row.get("steps_done", 0) >= row["steps"]:
+                rows.append(row)
+    cf_path = results / "closed_form.json"
+    cf = json.loads(cf_path.read_text()) if cf_path.is_file() else {"rows": {}}
+    return rows, cf
+
+
+def _cf(cf: dict, beta: float) -> dict | None:
+    return cf["rows"].get(f"{beta:g}")
+
+
+def gate(rows: list[dict], cf: dict) -> dict:
+    fixed = [r for r in rows if r["phase"] == "gate"]
+    by_beta: dict[float, list[dict]] = {}
+    for r in fixed:
+        by_beta.setdefault(r["beta"], []).append(r)
+    table, means = [], []
+    degenerate, outside = [], []
+    for beta in sorted(by_beta):
+        runs = sorted(by_beta[beta], key=lambda r: r["seed"])
+        closed = _cf(cf, beta)
+        plats = [plateau(r) for r in runs]
+        ratios = [p / closed["kl"] for p in plats] if closed else []
+        degs = [degenerate_step(r) for r in runs]
+        degenerate += [(beta, r["seed"], d) for r, d in zip(runs, degs) if d is not None]
+        outside += [(beta, r["seed"], x) for r, x in zip(runs, ratios) if not 1 / GATE_FACTOR <= x <= GATE_FACTOR]
+        means.append((beta, statistics.fmean(plats)))
+        table.append({"beta": beta, "seeds": [r["seed"] for r in runs], "closed_kl": closed and closed["kl"],
+                      "closed_reward": closed and closed["reward"], "plateau": plats, "ratio": ratios,
+                      "reward": [statistics.fmean(second_half([s.get("reward", math.nan) for s in r["per_step"]]))
+                                 for r in runs],
+                      "degenerate_at": degs, "steps": runs[0]["steps"], "lr": runs[0]["lr"]})
+    falls = all(b[1] > c[1] for b, c in zip(means, means[1:]))
+    return {"table": table, "falls": falls, "degenerate": degenerate, "outside_2x": outside,
+            "passed": bool(table) and falls and not degenerate and not outside}
+
+
+def controller(rows: list[dict]) -> dict:
+    groups: dict[float, list[dict]] = {}
+    for r in rows:
+        if r["phase"] in ("controller", "control") and r["ctrl"] == "adaptive":
+            groups.setdefault(r["target"], []).append(r)
+    out = {"targets": [], "stuck": [], "failed": [], "passed": None}
+    verdicts = []
+    for target in sorted(groups):
+        ref_beta = groups[target][0]["ref_beta"]
+        steps, lr = groups[target][0]["steps"], groups[target][0]["lr"]
+        # The fixed reference beta on the same seeds, steps and learning rate (a gate run counts).
+        fixed = {r["seed"]: {**r, "target": target} for r in rows if r["ctrl"] == "fixed" and r["beta"] == ref_beta
+                 and r["steps"] == steps and r["lr"] == lr}
+        runs = list(fixed.values()) + groups[target]
+        lines = []
+        for r in sorted(runs, key=lambda r: (r["phase"] == "control", r["ctrl"] != "fixed", r["seed"], r["beta"])):
+            in_band, dev = band_scores(r, target)
+            line = {"phase": r["phase"], "ctrl": r["ctrl"], "seed": r["seed"], "beta0": r["beta"],
+                    "horizon": r.get("horizon"), "in_band": in_band, "dev": dev,
+                    "kl_2nd_half": statistics.fmean(second_half(kl_series(r))),
+                    "beta_end": [b for b in beta_series(r) if b is not None][-1],
+                    "degenerate_at": degenerate_step(r), "steps": r["steps"]}
+            if r["ctrl"] == "adaptive":
+                betas = [b for b in beta_series(r) if b is not None]
+                line["beta_range"] = [min(betas), max(betas)]
+                line["beta_moved"] = beta_moved(r)
+                if not line["beta_moved"]:
+                    out["stuck"].append((target, r["seed"], r["beta"], r.get("horizon")))
+                ref = fixed.get(r["seed"])
+                if ref is not None:
+                    ref_in, ref_dev = band_scores(ref, target)
+                    line["passes"] = in_band >= ref_in - MARGIN and dev <= ref_dev + MARGIN
+                    if r["phase"] != "control":
+                        verdicts.append(line["passes"])
+                        if not line["passes"]:
+                            out["failed"].append((target, r["seed"], r["beta"]))
+            lines.append(line)
+        out["targets"].append({"target": target, "ref_beta": ref_beta, "rows": lines})
+    if verdicts:
+        out["passed"] = all(verdicts) and not out["stuck"]
+    return out
+
+
+def _f(x, nd=3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{nd}g}" if abs(x) < 1 else f"{x:.{nd}g}"
+
+
+def verdict_lines(g: dict, c: dict) -> list[str]:
+    lines = []
+    if g["table"]:
+        t = g["table"]
+        lines.append(f"Gate ({len(t)} fixed betas x seeds {t[0]['seeds']}, {t[0]['steps']} steps, lr {t[0]['lr']:g}): "
+                     + ("passed" if g["passed"] else "FAILED") + f"; plateau falls as beta rises: "
+                     + ("yes" if g["falls"] else "no") + f"; degenerate runs: {len(g['degenerate'])}; "
+                     f"plateaus outside 2x of the closed form: {len(g['outside_2x'])}.")
+    if c["stuck"]:
+        lines.append(f"BETA DID NOT MOVE in {len(c['stuck'])} adaptive run(s) (target, seed, start, horizon: "
+                     f"{c['stuck']}): the controller's update is off, those rows are a fixed beta.")
+    if c["passed"] is not None:
+        if c["passed"]:
+            lines.append("Controller: every adaptive run at the main horizon, from both starts, on every seed, scored "
+                         f"no worse than the fixed reference beta + {MARGIN} (in band and mean deviation).")
+        else:
+            why = (f"{len(c['failed'])} adaptive run(s) scored worse than the fixed reference beta + {MARGIN}: "
+                   f"{c['failed']}") if c["failed"] else "the coefficient did not move"
+            lines.append(f"Controller: NOT passed; {why}.")
+    return lines
+
+
+def tables_md(g: dict, c: dict) -> str:
+    md = ["# adaptive_kl_slime: fixed against adaptive reward-side KL on slime's own PPO", ""]
+    md += ["## Verdict", ""] + [f"- {x}" for x in verdict_lines(g, c)] + [""]
+    if g["table"]:
+        md += ["## Gate: fixed beta (plateau = mean KL over the second half; per seed)", "",
+               "| beta | closed-form KL | plateau KL | plateau / closed form | reward (closed form) | degenerate at |",
+               "| --- | --- | --- | --- | --- | --- |"]
+        for t in g["table"]:
+            md.append(f"| {t['beta']:g} | {_f(t['closed_kl'])} | {' / '.join(_f(x) for x in t['plateau'])} | "
+                      f"{' / '.join(f'{x:.2f}' for x in t['ratio'])} | "
+                      f"{' / '.join(f'{x:.2f}' for x in t['reward'])} ({_f(t['closed_reward'], 2)}) | "
+                      f"{' / '.join('never' if d is None else str(d) for d in t['degenerate_at'])} |")
+        md.append("")
+    for tgt in c["targets"]:
+        md += [f"## Target {tgt['target']:g} (reference beta {tgt['ref_beta']}): second half of each run", "",
+               "| run | seed | horizon | in band (+-30%) | mean abs(KL/target - 1) | KL | beta used: range, end | "
+               "passes (vs fixed + 0.1) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for ln in tgt["rows"]:
+            name = f"fixed {ln['beta0']:g}" if ln["ctrl"] == "fixed" else f"adaptive from {ln['beta0']:g}"
+            if ln["phase"] == "control":
+                name += " (control)"
+            rng = (f"{_f(ln['beta_range'][0])}-{_f(ln['beta_range'][1])}, {_f(ln['beta_end'])}"
+                   + ("" if ln["beta_moved"] else " (did not move)")) if ln["ctrl"] == "adaptive" else \
+                _f(ln["beta_end"])
+            hz = "-" if ln["horizon"] is None else f"{ln['horizon']:g}"
+            md.append(f"| {name} | {ln['seed']} | {hz} | {ln['in_band']:.2f} | {ln['dev']:.2f} | "
+                      f"{_f(ln['kl_2nd_half'])} | {rng} | "
+                      f"{'-' if 'passes' not in ln else ('yes' if ln['passes'] else 'no')} |")
+        md.append("")
+    return "\n".join(md)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = controller(rows)
+    if not c["targets"]:
+        return
+    targets = [t["target"] for t in c["targets"]]
+    fig, axes = plt.subplots(2, len(targets), figsize=(6 * len(targets), 7), squeeze=False, sharex=True)
+    for j, target in enumerate(targets):
+        ax_kl, ax_b = axes[0][j], axes[1][j]
+        ax_kl.axhspan(target * (1 - BAND), target * (1 + BAND), color="0.85")
+        ax_kl.axhline(target, color="0.5", lw=0.8)
+        tgt = c["targets"][j]
+        shown = [r for r in rows if r["ctrl"] == "adaptive" and r.get("target") == target]
+        shown += [r for r in rows if r["ctrl"] == "fixed" and r["beta"] == tgt["ref_beta"]
+                  and r["steps"] == shown[0]["steps"] and r["lr"] == shown[0]["lr"]]
+        for r in shown:
+            style = {"fixed": "k--"}.get(r["ctrl"], "b-" if r["beta"] < r.get("ref_beta", r["beta"]) else "r-")
+            lw = 0.8 if r["phase"] == "control" else 1.3
+            alpha = 0.5 if r["phase"] == "control" else 0.9
+            label = (f"{r['ctrl']} {r['beta']:g} s{r['seed']}" + (" (control)" if r["phase"] == "control" else ""))
+            x = [s["step"] for s in r["per_step"]]
+            ls = ":" if r["phase"] == "control" else None
+            line, = ax_kl.plot(x, kl_series(r), style, lw=lw, alpha=alpha, label=label)
+            if ls:
+                line.set_linestyle(ls)
+            b, = ax_b.plot(x, beta_series(r), style, lw=lw, alpha=alpha)
+            if ls:
+                b.set_linestyle(ls)
+        ax_kl.set_title(f"target {target:g}: KL (band +-30%)")
+        ax_kl.set_yscale("log")
+        ax_b.set_yscale("log")
+        ax_b.set_title("beta the rewards used")
+        ax_b.set_xlabel("step")
+        ax_kl.legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=Path("benchmarks/results/adaptive_kl_slime"))
+    p.add_argument("--plot", type=Path, default=None, help="default: RESULTS/kl_beta.png")
+    a = p.parse_args(argv)
+    if not (a.results / "runs.jsonl").is_file():
+        print(f"adaptive_kl_slime_report: no {a.results / 'runs.jsonl'}; run benchmarks/adaptive_kl_slime.py first",
+              file=sys.stderr)
+        return 2
+    rows, cf = load(a.results)
+    g, c = gate(rows, cf), controller(rows)
+    (a.results / "tables.md").write_text(tables_md(g, c) + "\n")
+    (a.results / "summary.json").write_text(json.dumps({"gate": g, "controller": c,
+                                                        "verdict": verdict_lines(g, c)}, indent=1) + "\n")
+    plot(rows, a.plot or a.results / "kl_beta.png")
+    for line in verdict_lines(g, c):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""benchmarks/adaptive_kl_slime_report.py on fabricated runs: the gate's criteria, the controller's pass line, and a
+verdict that says so when an adaptive run's coefficient never moved."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import adaptive_kl_slime_report as report  # noqa: E402
+
+STEPS = 10
+
+
+def _row(ctrl, beta, kls, *, phase="gate", seed=1, betas=None, target=None, ref_beta=None, mode_share=0.02):
+    betas = betas or [beta] * len(kls)
+    row = {"phase": phase, "ctrl": ctrl, "beta": beta, "seed": seed, "steps": len(kls), "lr": 0.01, "rc": 0,
+           "steps_done": len(kls), "key": f"{ctrl}-{beta}-{seed}-{phase}",
+           "per_step": [{"step": i, "kl": k, "beta_fit": b, "reward": 0.5, "vowels": 3.0, "mode_share": mode_share}
+                        for i, (k, b) in enumerate(zip(kls, betas))]}
+    if ctrl == "adaptive":
+        row.update(target=target, horizon=1024.0, ref_beta=ref_beta)
+    return row
+
+
+CLOSED = {"rows": {"0.1": {"kl": 0.4, "reward": 0.8}, "0.2": {"kl": 0.1, "reward": 0.5},
+                   "0.3": {"kl": 0.04, "reward": 0.4}}}
+
+
+def _gate_rows():
+    return [_row("fixed", 0.1, [0.3] * STEPS), _row("fixed", 0.2, [0.11] * STEPS), _row("fixed", 0.3, [0.05] * STEPS)]
+
+
+def test_gate_passes_falling_plateaus_near_the_closed_form():
+    g = report.gate(_gate_rows(), CLOSED)
+    assert g["passed"] and g["falls"] and not g["degenerate"] and not g["outside_2x"]
+    assert [t["ratio"][0] for t in g["table"]] == pytest.approx([0.75, 1.1, 1.25])
+
+
+def test_gate_fails_on_a_collapse_a_rising_plateau_or_a_plateau_off_by_more_than_2x():
+    collapsed = _gate_rows()
+    collapsed[0] = _row("fixed", 0.1, [0.3] * STEPS, mode_share=0.6)
+    assert report.gate(collapsed, CLOSED)["degenerate"] == [(0.1, 1, STEPS // 2)]
+    rising = _gate_rows()
+    rising[2] = _row("fixed", 0.3, [0.2] * STEPS)
+    assert not report.gate(rising, CLOSED)["falls"]
+    far = _gate_rows()
+    far[1] = _row("fixed", 0.2, [0.03] * STEPS)  # 0.3x the closed form
+    g = report.gate(far, CLOSED)
+    assert not g["passed"] and g["outside_2x"] == [(0.2, 1, pytest.approx(0.3))]
+
+
+def _controller_rows(adaptive_kl, factors):
+    """The fixed reference 0.2 and adaptive runs from 0.1 and 0.4 whose coefficients are start * factors."""
+    fixed = _row("fixed", 0.2, [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.16, 0.04])  # second half: in band 3/5, dev 0.24
+    low = _row("adaptive", 0.1, adaptive_kl, phase="controller", betas=[0.1 * f for f in factors], target=0.1,
+               ref_beta=0.2)
+    high = _row("adaptive", 0.4, adaptive_kl, phase="controller", betas=[0.4 * f for f in factors], target=0.1,
+                ref_beta=0.2)
+    return [fixed, low, high]
+
+
+def test_controller_scores_against_the_fixed_reference_plus_the_margin():
+    moving = [1 + 0.01 * i for i in range(STEPS)]
+    c = report.controller(_controller_rows([0.1] * STEPS, moving))
+    assert c["passed"] and not c["stuck"]
+    rows = c["targets"][0]["rows"]
+    fixed = next(r for r in rows if r["ctrl"] == "fixed")
+    assert (fixed["in_band"], fixed["dev"]) == pytest.approx((0.6, 0.24))
+    # Worse than fixed + 0.1 on the mean deviation: not passed, and named.
+    c = report.controller(_controller_rows([0.1] * 5 + [0.2] * 5, moving))
+    assert c["passed"] is False and len(c["failed"]) == 2
+
+
+def test_a_coefficient_that_never_moved_is_reported_and_not_credited(tmp_path):
+    rows = _controller_rows([0.1] * STEPS, [1.0] * STEPS)  # rewards shaped with the start value at every step
+    c = report.controller(rows)
+    assert c["passed"] is False and len(c["stuck"]) == 2
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (results / "closed_form.json").write_text(json.dumps(CLOSED))
+    assert report.main(["--results", str(results), "--plot", str(tmp_path / "p.png")]) == 0
+    verdict = json.loads((results / "summary.json").read_text())["verdict"]
+    assert any(line.startswith("BETA DID NOT MOVE in 2 adaptive run(s)") for line in verdict)
+    assert "BETA DID NOT MOVE" in (results / "tables.md").read_text()
