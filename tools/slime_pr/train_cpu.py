@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -283,6 +284,11 @@ def main(argv=None) -> int:
     token, saved_env = reaper.new_token(), os.environ.get(reaper.ENV_KEY)
     os.environ[reaper.ENV_KEY] = token
     watchdog = reaper.start_watchdog(token)
+
+    def terminated(signum, frame):  # `kill`, a CI timeout: end as Ctrl-C does, through the finally below
+        raise KeyboardInterrupt
+
+    previous_term = signal.signal(signal.SIGTERM, terminated)
     args.runs = []  # every train.py Run of the case, for steps.jsonl and the result line
     say(f"train_cpu {args.case}: engine {args.engine}; output under {args.out}"
         + (f"; your flags: {' '.join(args.extra_args)}" if args.extra_args else ""))
@@ -309,6 +315,7 @@ def main(argv=None) -> int:
     finally:
         stray = reaper.sweep(token)
         reaper.stop_watchdog(watchdog)
+        signal.signal(signal.SIGTERM, previous_term)
         if saved_env is None:
             os.environ.pop(reaper.ENV_KEY, None)
         else:

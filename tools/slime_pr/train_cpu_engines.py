@@ -62,9 +62,10 @@ GRIDNAV = {"size": 4, "min_len": 2, "shaping": 0.1}
 START_TIMEOUT_S = {"hf_engine": 240, "sglang": 900}
 # SGLang's CPU path (its server_args names): the CPU device, the torch-native attention and sampling, no CUDA graph,
 # no overlap scheduler (it needs CUDA streams), no warm-up request, a small KV pool. fp32 keeps its log-probs
-# within ~1e-6 of transformers'.
+# within ~1e-6 of transformers'. --sleep-on-idle: an idle scheduler otherwise polls, and three of them took ~15% of a
+# core each while train.py started beside them on 2 cores.
 SGLANG_CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-                   "--disable-cuda-graph", "--disable-overlap-schedule", "--skip-server-warmup",
+                   "--disable-cuda-graph", "--disable-overlap-schedule", "--skip-server-warmup", "--sleep-on-idle",
                    "--max-total-tokens", "8192", "--mem-fraction-static", "0.05", "--dtype", "float32")
 
 
@@ -179,8 +180,12 @@ def _launch(role: str, model_path: Path, log_dir: Path, seed: int, python: str, 
     return Engine(role, Path(model_path), port, process, log, engine)
 
 
-def _wait_healthy(engine: Engine, deadline: float, timeout_s: int) -> None:
+def _wait_healthy(engine: Engine, deadline: float, timeout_s: int, progress=None, t0: float = 0.0) -> None:
+    last_said = time.monotonic()
     while time.monotonic() < deadline:
+        if progress and time.monotonic() - last_said >= 15:
+            progress(f"  still starting: {engine.engine} {engine.role} not healthy yet ({time.monotonic() - t0:.0f}s)")
+            last_said = time.monotonic()
         if engine.process.poll() is not None:
             tail = engine.log.read_text(errors="replace")[-1500:]
             raise RuntimeError(f"{engine.engine} {engine.role} exited with {engine.process.returncode}; "
@@ -213,7 +218,7 @@ def start_engines(student: Path, teacher: Path | None, log_dir: Path, *, student
     try:
         deadline = t0 + START_TIMEOUT_S[engine]
         for each in engines.all:
-            _wait_healthy(each, deadline, START_TIMEOUT_S[engine])
+            _wait_healthy(each, deadline, START_TIMEOUT_S[engine], progress, t0)
     except BaseException:
         engines.stop()
         raise

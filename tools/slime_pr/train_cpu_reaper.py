@@ -29,20 +29,52 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def holders(token: str) -> list[int]:
-    """The pids (other than this process) whose environment holds ``ENV_KEY=token``."""
-    needle = f"{ENV_KEY}={token}".encode()
-    found = []
+def _processes() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, session id)} of every process now running."""
+    table = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            table[int(entry.name)] = (int(fields[1]), int(fields[3]))
+    return table
+
+
+def holders(token: str) -> list[int]:
+    """The pids (other than this process) of the case: those whose environment holds ``ENV_KEY=token``, their
+    descendants, and the other members of their sessions when that session is not this process's own. The last two
+    matter: SGLang's scheduler and detokenizer (and Ray's workers) rename themselves with setproctitle, which
+    overwrites the memory /proc/PID/environ reads, so their token is no longer visible there."""
+    needle = f"{ENV_KEY}={token}".encode()
+    me, my_session = os.getpid(), os.getsid(0)
+    table = _processes()
+    marked = set()
+    for pid in table:
         try:
-            environ = (entry / "environ").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:  # gone already, or not ours to read
             continue
         if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+            marked.add(pid)
+    sessions = {table[pid][1] for pid in marked if pid in table} - {my_session, 0, 1}
+    found = marked | {pid for pid, (_, sid) in table.items() if sid in sessions}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    # never this process or the ones it descends from (a test runs the harness in-process)
+    ancestors, pid = set(), me
+    while pid in table and pid not in ancestors:
+        ancestors.add(pid)
+        pid = table[pid][0]
+    return sorted(found - ancestors)
 
 
 def sweep(token: str, grace_s: float = 10.0) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SHIMS = HERE / "cpu_shims"
-RUN_TIMEOUT = int(os.environ.get("TRAIN_CPU_TIMEOUT", "900"))
+RUN_TIMEOUT = int(os.environ.get("TRAIN_CPU_TIMEOUT", "1800"))  # a loaded 2-core machine: minutes per import
 HEARTBEAT_S = 10.0
 STEP_LINE = re.compile(r"\bstep (\d+): (\{.*\})\s*$")
 
@@ -127,6 +127,20 @@ def _latest_step_line(log: Path) -> str:
     return ""
 
 
+def _latest_line(log: Path) -> str:
+    """The log's last line that is not a warning (what train.py is doing before its first step)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 8192))
+            tail = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(tail):
+        if line.strip() and not line.startswith(" ") and "warn" not in line.lower():
+            return line.strip()[-140:]
+    return ""
+
+
 def run_train(args, env: dict, run: Run, num_gpus: int) -> Run:
     """Run SLIME_DIR/train.py with ``run.flags`` (plus the contributor's ``--extra-args``, last so they win) under
     the driver shim, logging to ``run.log``; a heartbeat every HEARTBEAT_S seconds says how long and the latest step."""
@@ -154,7 +168,7 @@ def run_train(args, env: dict, run: Run, num_gpus: int) -> Run:
                         break
                     latest = _latest_step_line(run.log)
                     say(f"train.py ({run.name}) running {elapsed:.0f}s; "
-                        + (f"latest {latest}" if latest else "no training step yet"))
+                        + (f"latest {latest}" if latest else f"no training step yet; log: {_latest_line(run.log)}"))
         finally:  # ok, timed out or interrupted: the run's process group goes with it
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -184,13 +198,35 @@ def parse_steps(text: str) -> list[dict]:
     return out
 
 
-def require_ok(run: Run) -> None:
+# A Python exception's last line, as a server's log ends a traceback with it ("TypeError: Unexpected keyword ...").
+EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
+
+
+def engine_errors(logs: dict[str, Path]) -> list[str]:
+    """The last exception each engine logged (``name: Type: message``): a request an engine refused reaches slime
+    only as an HTTP 500 (SGLang answers "Internal Server Error" and logs why), so the reason is read here."""
+    found = []
+    for name, log in logs.items():
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        hits = [m for m in map(EXCEPTION_LINE.match, (ln.strip() for ln in lines)) if m]
+        if hits:
+            found.append(f"{name}: {hits[-1].group(1)}: {hits[-1].group(2)[:300]}")
+    return found
+
+
+def require_ok(run: Run, engine_logs: dict[str, Path] | None = None) -> None:
+    """A failed run as one line: how it ended, its last error and, when engines served it, what they refused."""
     if run.rc != 0:
         lines = run.text().splitlines()
         errors = [ln.strip() for ln in lines if re.search(r"(Error|Exception)\b.*:", ln) and "Warning" not in ln]
         why = "timed out" if run.rc == 124 else f"exit {run.rc}"
         last_error = f": {errors[-1][:400]}" if errors else ""
-        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s{last_error} (log {run.log})",
+        engines = engine_errors(engine_logs or {})
+        said = f"; the engines logged: {' | '.join(engines)}" if engines else ""
+        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s{last_error}{said} (log {run.log})",
                          "\n".join(lines[-40:]))
 
 

@@ -119,11 +119,10 @@ SLIME_ENGINES = 2
 def slime_engine_flags() -> list[str]:
     """slime's own flags for engines it launches on a CPU: engines_mod.SGLANG_CPU_ARGS, each under --sglang-."""
     flags, cpu_args = [], list(engines_mod.SGLANG_CPU_ARGS)
-    for i, word in enumerate(cpu_args):
-        if word.startswith("--") and word != "--skip-server-warmup":  # slime always skips the warm-up itself
-            flags.append("--sglang-" + word[2:])
-        elif not word.startswith("--") and cpu_args[i - 1] != "--skip-server-warmup":
-            flags.append(word)
+    for word in cpu_args:
+        if word == "--skip-server-warmup":  # slime always skips the warm-up itself and has no flag for it
+            continue
+        flags.append("--sglang-" + word[2:] if word.startswith("--") else word)
     return ["--rollout-num-gpus", str(SLIME_ENGINES), "--rollout-num-gpus-per-engine", "1", *flags]
 
 
@@ -155,7 +154,8 @@ def case_tcod(args, env, *, mode: str, opd_type: str, slime_engines: bool = Fals
         first_out = args.out / "first"
         first = run_train(args, env, Run("first", tcod_flags(out=first_out, num_rollout=FIRST_ROLLOUTS, load=student,
                                                              **common), first_out / "train.log"), num_gpus)
-        require_ok(first)
+        logs = {f"{e.engine} {e.role}": e.log for e in engines.all}
+        require_ok(first, logs)
         first_checks, first_rollouts = _check_run(first_out, first, tokenizer, teacher_model, mode=mode,
                                                    opd_type=opd_type, experts=experts, steps=FIRST_ROLLOUTS,
                                                    loaded_student=student_model)
@@ -167,7 +167,7 @@ def case_tcod(args, env, *, mode: str, opd_type: str, slime_engines: bool = Fals
         resumed = run_train(args, env, Run("resumed", tcod_flags(out=resumed_out, num_rollout=TOTAL_ROLLOUTS,
                                                                  load=save, **common), resumed_out / "train.log"),
                             num_gpus)
-        require_ok(resumed)
+        require_ok(resumed, logs)
         resumed_checks, resumed_rollouts = _check_run(resumed_out, resumed, tokenizer, teacher_model, mode=mode,
                                                        opd_type=opd_type, experts=experts,
                                                        steps=TOTAL_ROLLOUTS - FIRST_ROLLOUTS)
