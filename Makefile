@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 MEGATRON_SPEC ?= megatron-core==0.16.1
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo clean
+.PHONY: venv sglang-env test demo clean
 
 # One timed line per stage, and one every 10 s while a quiet pip install runs (scripts/with-progress.sh):
 # measured on a fresh clone, the dependencies' stage alone took 7 minutes on a busy machine.
@@ -33,7 +33,14 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# Real SGLang 0.5.15.post1 in a cached venv of its own (it pins its own torch and transformers): built once,
+# found afterwards; `--rollout-backend sglang --sglang-python "$$(make -s sglang-env)"` runs servers from it.
+sglang-env: $(STAMP)
+	@$(PY) -m slime.backends.sglang_utils.sglang_env --check >/dev/null 2>&1 || \
+		$(PROGRESS) "sglang env: SGLang's own venv (docs/en/engines.md; once)" $(PY) -m slime.backends.sglang_utils.sglang_env >&2
+	@$(PY) -m slime.backends.sglang_utils.sglang_env --check
+
+test: $(STAMP) sglang-env
 	$(PY) -m pytest tests
 
 demo: $(STAMP)

@@ -134,7 +134,7 @@ def test_engines_that_ignore_seeds_are_reported(stubs, caplog):
 def test_launched_sglang_servers_honour_sampling_seeds():
     args = parse_args(argv=["--hf-checkpoint", "/models/qwen", "--rollout-backend", "sglang",
                             "--sglang-enable-deterministic-inference"])
-    assert "--enable-deterministic-inference" in build_engine_command(args, port=1)
+    assert "--enable-deterministic-inference" in build_engine_command(args, port=1, cpu=False)  # a GPU's command
 
 
 def test_both_engines_get_the_context_length():

@@ -52,7 +52,7 @@ def test_engines_get_their_own_gpus(tmp_path, monkeypatch):
         manager._start_engines()
         manager.wait_engines(timeout=240)
         assert len(manager.args.rollout_engine_urls) == 2
-        # Two engines: the generate functions reach them through a round-robin router of this process.
+        # Two engines: the generate functions reach them through an sglang-router started in front of them.
         assert (manager.args.sglang_router_ip, manager.args.sglang_router_port) == ("127.0.0.1", manager._router.port)
         assert manager.engine_urls() == manager.args.rollout_engine_urls
         assert manager.args.engine_limits["rollout"]["deterministic"] is True

@@ -98,7 +98,7 @@ def test_train_dry_run_prints_plan_and_starts_nothing(tasks, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "TCOD      : f2b, k(n) = min(1 + n // 6, 30)" in out.stdout
     assert "n=0:k=1 n=6:k=2 n=12:k=3" in out.stdout
-    assert "engines   : 2 x hf_engine" in out.stdout and "behind a round-robin router on 127.0.0.1" in out.stdout
+    assert "engines   : 2 x hf_engine" in out.stdout and "behind sglang-router (cache_aware) on 127.0.0.1" in out.stdout
 
 
 def test_train_rejects_bad_flags_with_the_flag_named():

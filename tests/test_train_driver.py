@@ -63,6 +63,9 @@ class StubRolloutManager:
     def wait_engines(self):
         pass
 
+    def engines_are_external(self):
+        return False
+
     def update_weights(self, path):
         FAULTS.hit("update_weights")
 

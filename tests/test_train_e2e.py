@@ -67,7 +67,7 @@ def test_vanilla_multi_turn_opd_logs_per_turn_kl(setup, mode):
 
 
 def test_f2b_server_teacher(setup):
-    # Two rollout engines: the agent loop reaches them through the run's round-robin router.
+    # Two rollout engines: the agent loop reaches them through the sglang-router the run starts.
     records = run(setup, "f2b_server", *server_mode(setup), "--tcod-mode", "f2b", "--tcod-eta", "1",
                   "--rollout-num-gpus", "2")
     assert [r["tcod/depth"] for r in records] == [1, 2]

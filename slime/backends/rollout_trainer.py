@@ -143,6 +143,20 @@ class RolloutTrainer:
         return out
 
     @staticmethod
+    def _engine_logprob_gap(samples, old_log_probs, masks) -> dict:
+        """Mean |engine's log-prob - this trainer's| over the trained tokens (upstream slime logs the same
+        figure): near 0 while the engines serve the weights being trained, so a weight push that did not reach
+        them (rollouts from stale weights) shows up here from the second step on."""
+        total, count = 0.0, 0.0
+        for sample, old, mask in zip(samples, old_log_probs, masks):
+            engine = sample.rollout_log_probs
+            if engine is None or len(engine) != len(old):
+                continue
+            total += float(((torch.tensor(engine, dtype=torch.float32) - old.float()).abs() * mask).sum())
+            count += float(mask.sum())
+        return {"train/train_rollout_logprob_abs_diff": total / count} if count else {}
+
+    @staticmethod
     def _sample_field(sample, name, flag):
         value = getattr(sample, name)
         if value is None or len(value) != sample.response_length:
@@ -177,6 +191,8 @@ class RolloutTrainer:
             per_sample = {"old": data.old_log_probs, "ref": data.ref_log_probs, "adv": result.advantages,
                           "values": data.values, "returns": result.returns}
             rollout_metrics.update(self._rollout_kl_metrics(data, result, masks))
+            if not args.use_rollout_logprobs:
+                rollout_metrics.update(self._engine_logprob_gap(samples, data.old_log_probs, masks))
             if "exact_kl" in scores:
                 rollout_metrics.update(self._exact_kl_metrics(scores["exact_kl"], masks))
 

@@ -18,7 +18,7 @@ def describe_plan(args) -> list[str]:
         (f"engines   : slime router {args.sglang_router_ip}:{args.sglang_router_port}" if args.sglang_router_ip
          else f"engines   : {engines} x {args.rollout_backend} "
               f"({args.rollout_num_gpus_per_engine} device(s) each), host {args.engine_host}"
-              + (", behind a round-robin router on 127.0.0.1" if engines > 1 else "")),
+              + (", behind sglang-router (cache_aware) on 127.0.0.1" if engines > 1 else "")),
         f"steps     : {args.num_rollout} rollouts x {args.rollout_batch_size} prompts x "
         f"{args.n_samples_per_prompt} samples; global batch {args.global_batch_size}, "
         f"{args.num_steps_per_rollout} optimizer step(s) per rollout",

@@ -56,7 +56,8 @@ class EngineHost:
 
         host = args.engine_host
         port = find_free_port(host)
-        cmd = build_engine_command(args, model_path=model_path, host=host, port=port)
+        # Ray holds GPUs for this engine: the GPU command, whatever this actor's torch sees.
+        cmd = build_engine_command(args, model_path=model_path, host=host, port=port, cpu=False)
         url_host = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::") else host
         self.engine = EngineProcess(cmd, host=url_host, port=port,
                                     log_path=Path(log_dir) / f"engine_{url_host}_{port}.log")

@@ -6,8 +6,8 @@ cannot be trained on (failed and aborted episodes, B2F replays that finished the
 weights to the engines with ``/update_weights_from_disk``.
 
 Generate functions reach the engines the way upstream's do, through ``--sglang-router-ip`` /
-``--sglang-router-port``: for engines started here those two are pointed at the one engine, or at a
-round-robin router this process runs in front of several (``sglang_utils.router``), and
+``--sglang-router-port``: for engines started here those two are pointed at the one engine, or at an
+sglang-router started in front of several once they are healthy (``sglang_utils.router``), and
 ``args.sglang_router_external`` records that the address is the runtime's, not the user's.
 
 With ``--rollout-backend sglang`` on a Ray cluster with GPUs, the engines run on GPUs that Ray reserves
@@ -55,7 +55,7 @@ class RolloutManager:
         self.generate_rollout = load_function(args.rollout_function_path)
         self.engines = []
         self._engine_group = None  # Ray placement group holding the engines' GPUs, when there is one
-        self._router = None  # the round-robin router in front of several engines started here
+        self._router = None  # the sglang-router in front of several engines started here
         # SFT on expert data needs no engine unless it evaluates by playing episodes.
         self.needs_engines = args.loss_type != "sft_loss" or bool(self.eval_sets)
         from slime.backends.sglang_utils.router import uses_external_router
@@ -88,9 +88,14 @@ class RolloutManager:
                     args, count, model_path, str(log_dir))
                 self._route_to_engines()
                 return
-            logger.warning("Ray reports no GPUs: the SGLang engines are pinned by --base-gpu-id to devices "
-                           "0..%d of this process, which nothing keeps the trainer off",
-                           count * args.rollout_num_gpus_per_engine - 1)
+            from slime.backends.sglang_utils.launcher import cuda_present
+
+            if cuda_present():
+                logger.warning("Ray reports no GPUs: the SGLang engines are pinned by --base-gpu-id to devices "
+                               "0..%d of this process, which nothing keeps the trainer off",
+                               count * args.rollout_num_gpus_per_engine - 1)
+            else:
+                logger.info("no CUDA device: the SGLang engines run on the CPU (SGLang's CPU settings)")
         def start_local(i: int) -> EngineProcess:
             port = find_free_port(args.engine_host)
             cmd = build_engine_command(args, model_path=model_path, host=args.engine_host, port=port,
@@ -131,12 +136,21 @@ class RolloutManager:
             if self._router is not None:
                 self._router.stop()
             self._route_to_engines()
+        router = getattr(self, "_router", None)
+        if router is not None and router.process is None:
+            router.start()  # after the engines: it checks its workers' health as it starts
         if self.engines:
             logger.info("rollout engines ready: %s", self.args.rollout_engine_urls)
         if self.needs_engines:
             from slime.rollout.sglang_rollout import run_async
 
             run_async(self._read_engine_limits())
+
+    def engines_are_external(self) -> bool:
+        """The engines are the workers of the user's ``--sglang-router-ip`` router, not started here."""
+        from slime.backends.sglang_utils.router import uses_external_router
+
+        return uses_external_router(self.args)
 
     def engine_urls(self) -> list[str]:
         """Base URLs of the rollout engines: the ones started here, else the user's router's workers."""

@@ -66,6 +66,10 @@ def add_cluster_arguments(parser):
                         "parallel; docs/en/megatron_backend.md)")
     g.add_argument("--rollout-backend", choices=("hf_engine", "sglang"), default="hf_engine",
                    help="engine servers to start: the project's CPU server or real SGLang")
+    g.add_argument("--sglang-python", type=str, default=None,
+                   help="Python interpreter that runs the SGLang servers (--rollout-backend sglang), e.g. the one "
+                        "`python -m slime.backends.sglang_utils.sglang_env` builds: SGLang pins its own torch and "
+                        "transformers (default: this interpreter)")
     g.add_argument("--sglang-router-ip", type=str, default=None,
                    help="an existing slime / SGLang router: rollouts go through it, weights go to the workers it "
                         "lists (GET /workers), and no engines are started here")

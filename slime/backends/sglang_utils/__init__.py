@@ -3,8 +3,9 @@
 from slime.backends.sglang_utils.launcher import (EngineLaunchError, EngineProcess, build_engine_command,
                                                   build_hf_engine_command, build_sglang_command, find_free_port,
                                                   launch_engine)
-from slime.backends.sglang_utils.weights import flush_cache, get_model_info, update_weights_from_disk
+from slime.backends.sglang_utils.weights import (abort_all_requests, flush_cache, get_model_info,
+                                                 update_weights_from_disk)
 
 __all__ = ["EngineLaunchError", "EngineProcess", "build_engine_command", "build_hf_engine_command",
-           "build_sglang_command", "find_free_port", "launch_engine", "flush_cache", "get_model_info",
-           "update_weights_from_disk"]
+           "build_sglang_command", "find_free_port", "launch_engine", "abort_all_requests", "flush_cache",
+           "get_model_info", "update_weights_from_disk"]

@@ -1,13 +1,18 @@
 """Start an engine server process (real SGLang or the project's hf_engine), wait until it can
 generate, and stop it cleanly.
 
-``--rollout-backend sglang`` runs ``python -m sglang.launch_server`` (GPU); ``hf_engine`` runs
-``python -m slime.backends.hf_engine`` (CPU, tests). Both speak the same HTTP protocol, so the rest of
-the code only ever sees a base URL. The server's output goes to a log file whose tail is quoted when
-the server dies or never becomes healthy.
+``--rollout-backend sglang`` runs ``PYTHON -m sglang.launch_server`` with ``PYTHON`` = ``--sglang-python``
+(default: this interpreter): SGLang pins a torch and transformers of its own, so it is served from a venv of its
+own (``sglang_env.py`` builds one) and never imported here. Where this process sees no CUDA device the command
+gets SGLang's CPU settings (``cpu_flags``, and ``SGLANG_USE_CPU_ENGINE=1``); where it does, it is the GPU
+command. ``hf_engine`` runs ``python -m slime.backends.hf_engine`` (CPU, tests). Both speak the same HTTP
+protocol, so the rest of the code only ever sees a base URL. The server's output goes to a log file whose tail
+is quoted when the server dies or never becomes healthy.
 
 A started server dies with the process that started it, however that one dies (``processes.py``):
-the kernel kills it (Linux, PR_SET_PDEATHSIG), and the hf_engine also watches ``--parent-pid`` itself.
+the kernel kills it (Linux, PR_SET_PDEATHSIG), the hf_engine also watches ``--parent-pid`` itself, and SGLang,
+which has no such flag, runs under ``child_watchdog.py``, which kills the server's process group once its
+starter is gone.
 A health answer counts only when it comes from the started server's own socket, so a busy port is
 reported as the server's death (EADDRINUSE in its log), not as a healthy engine.
 """
@@ -37,10 +42,63 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# SGLang's CPU settings (REFERENCE.md §14): its CPU engine, the attention and sampling backends that have a CPU
+# path, no CUDA graphs or overlap thread, no warm-up request, and a KV pool sized in tokens (its memory-fraction
+# rule would reserve a share of the machine's RAM). float32, as the trainer computes on a CPU.
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_MAX_TOTAL_TOKENS = 32768
+CPU_MEM_FRACTION_STATIC = 0.05
+
+
+# Tried on SGLang 0.5.15.post1 (docs/en/engines.md): its deterministic mode accepts only the flashinfer, fa3, triton
+# and ascend attention backends and refuses the CPU's (torch_native, intel_amx) at start.
+CPU_DETERMINISTIC_REFUSED = (
+    "--sglang-enable-deterministic-inference: SGLang refuses --enable-deterministic-inference on a CPU (its "
+    "deterministic mode needs the flashinfer, fa3 or triton attention backend; the CPU has torch_native), so its "
+    "sampling_seed is ignored there. For repeatable CPU runs use --rollout-backend hf_engine, or drop the flag")
+
+
+def cpu_flags(args) -> list[str]:
+    fraction = getattr(args, "sglang_mem_fraction_static", None) or CPU_MEM_FRACTION_STATIC
+    return ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+            "--disable-cuda-graph", "--disable-overlap-schedule", "--skip-server-warmup",
+            "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS), "--mem-fraction-static", str(fraction),
+            "--dtype", "float32"]
+
+
+def cuda_present() -> bool:
+    """Whether this process sees a CUDA device (the servers it starts inherit its devices)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def sglang_python(args) -> str:
+    """``--sglang-python``: the interpreter that runs SGLang servers (default: this one)."""
+    return getattr(args, "sglang_python", None) or sys.executable
+
+
+WATCHDOG = str(Path(__file__).resolve().parent / "child_watchdog.py")
+
+
+def watched_module(python: str, module: str, parent_pid: int | None = None) -> list[str]:
+    """``python -m module`` run under ``child_watchdog.py``: the server's process group is killed once
+    ``parent_pid`` (default: this process) is gone, since neither SGLang nor sglang-router takes a --parent-pid."""
+    return [python, WATCHDOG, "--parent-pid", str(parent_pid or os.getpid()), "--", "-m", module]
+
+
 def build_sglang_command(args, *, model_path: str | None = None, host: str | None = None, port: int,
-                         base_gpu_id: int | None = None, python: str = sys.executable) -> list[str]:
-    """``python -m sglang.launch_server ...`` from the parsed arguments (SGLang's own flag names)."""
-    cmd = [python, "-m", "sglang.launch_server",
+                         base_gpu_id: int | None = None, python: str | None = None,
+                         cpu: bool | None = None) -> list[str]:
+    """``python -m sglang.launch_server ...`` (under the watchdog) from the parsed arguments, SGLang's own flag
+    names. ``cpu`` None: SGLang's CPU settings exactly when this process sees no CUDA device; the GPU command is
+    left as it was."""
+    cpu = (not cuda_present()) if cpu is None else cpu
+    if cpu and getattr(args, "sglang_enable_deterministic_inference", False):
+        raise EngineLaunchError(CPU_DETERMINISTIC_REFUSED)
+    cmd = watched_module(python or sglang_python(args), "sglang.launch_server") + [
            "--model-path", str(model_path or args.hf_checkpoint),
            "--host", host or args.engine_host,
            "--port", str(port),
@@ -48,15 +106,22 @@ def build_sglang_command(args, *, model_path: str | None = None, host: str | Non
            "--random-seed", str(args.seed)]
     if getattr(args, "trust_remote_code", False):  # runs code shipped with the checkpoint: opt-in only
         cmd += ["--trust-remote-code"]
-    if getattr(args, "sglang_mem_fraction_static", None) is not None:
+    if cpu:
+        cmd += cpu_flags(args)
+    elif getattr(args, "sglang_mem_fraction_static", None) is not None:
         cmd += ["--mem-fraction-static", str(args.sglang_mem_fraction_static)]
-    if base_gpu_id is not None:
+    if base_gpu_id is not None and not cpu:
         cmd += ["--base-gpu-id", str(base_gpu_id)]
     if getattr(args, "rollout_max_context_len", None):
         cmd += ["--context-length", str(args.rollout_max_context_len)]
     if getattr(args, "sglang_disable_radix_cache", False):
         cmd += ["--disable-radix-cache"]
     return cmd + _deterministic_flag(args)
+
+
+def engine_env(cmd: list[str]) -> dict | None:
+    """Environment additions a command needs: SGLang's CPU engine switch when it was given its CPU settings."""
+    return dict(CPU_ENV) if "--device" in cmd and cmd[cmd.index("--device") + 1] == "cpu" else None
 
 
 def _deterministic_flag(args) -> list[str]:
@@ -91,6 +156,7 @@ def build_engine_command(args, **kwargs) -> list[str]:
         return build_sglang_command(args, **kwargs)
     if backend == "hf_engine":
         kwargs.pop("base_gpu_id", None)
+        kwargs.pop("cpu", None)
         return build_hf_engine_command(args, **kwargs)
     raise ValueError(f"--rollout-backend {backend!r}: expected 'hf_engine' or 'sglang'")
 
@@ -112,13 +178,21 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         env = dict(os.environ if env is None else env)
+        env.update(engine_env(cmd) or {})
         # The hf_engine child must import this very package, installed or not.
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         # A new session, so stop() can signal the server and any children it spawned (SGLang has several);
-        # the session does not shield it from our death: PR_SET_PDEATHSIG is armed in the child.
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True, preexec_fn=die_with_parent_preexec())
+        # the session does not shield it from our death: PR_SET_PDEATHSIG is armed in the child, and an SGLang
+        # server also runs under child_watchdog.py, which kills its group once this process is gone.
+        try:
+            self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True, preexec_fn=die_with_parent_preexec())
+        except OSError as err:  # e.g. a --sglang-python that does not exist
+            self._log.close()
+            raise EngineLaunchError(f"could not start {cmd[0]} ({err}); is --sglang-python a Python "
+                                    "interpreter? (build one that serves SGLang with "
+                                    "`python -m slime.backends.sglang_utils.sglang_env`)") from err
 
     @property
     def url(self) -> str:

@@ -1,48 +1,53 @@
-"""A small round-robin router in front of the engines this runtime starts, at upstream's router address.
+"""sglang-router in front of the engines this runtime starts, at upstream's router address, as slime does.
 
 The agent loop (a file of the slime PR) sends every turn to upstream's router,
-``http://{args.sglang_router_ip}:{args.sglang_router_port}/generate``, and never to an engine list. So
-when this runtime starts the engines itself (no ``--sglang-router-ip`` given), ``RolloutManager`` points
-those two flags at the one engine, or, with several, at a :class:`RoundRobinRouter` it starts in its own
-process (a daemon thread with its own event loop, bound to 127.0.0.1 only: the rollouts are its only
-clients).
+``http://{args.sglang_router_ip}:{args.sglang_router_port}/generate``, and never to an engine list. So when this
+runtime starts the engines itself (no ``--sglang-router-ip`` given), ``RolloutManager`` points those two flags at
+the one engine, or, with several, at an sglang-router (the PyPI package ``sglang-router``, a dependency of this
+runtime, run as ``python -m sglang_router.launch_router`` in a process of its own, bound to 127.0.0.1) started once
+the engines are healthy. It serves the hf_engine and SGLang alike.
 
-Routes, as sglang-router serves them where this runtime needs them:
+Its cache-aware policy sends a request to the engine whose radix tree holds the longest part of its prompt (while
+the engines' loads stay balanced), so an episode's turns keep landing on the engine that already holds their
+prefix; a round robin spreads them and every turn after the first prefills its whole history again.
 
-* ``POST /generate`` and every route not named below (``/health``, ``/health_generate``,
-  ``/server_info``, ``/get_model_info``, ...): forwarded to the next engine in turn, status and body
-  unchanged (a 400 stays the engine's 400, which the client does not retry). An engine that cannot be
-  reached answers 502 naming it; ``http_utils.post`` retries a 5xx, and the retry goes to the next engine.
-* ``POST /flush_cache``, ``/update_weights_from_disk``, ``/abort_request``: sent to every engine (a
-  weight update or an abort that reached only one engine would leave the others behind).
-* ``GET /workers`` (and the older ``/list_workers``): the engines, in sglang-router's reply shapes.
+What sglang-router 0.3.2 does with the routes this runtime uses (tried against it, ``tests/test_sglang_router.py``):
 
-Per-request round robin spreads the turns of one episode over the engines, so an engine's prefix cache
-is hit only when consecutive turns land on it; sglang-router's cache-aware policy does better and is
-what ``--sglang-router-ip`` is for.
+* ``/generate``: to one worker, by policy; a worker's 400 comes back as the worker's 400.
+* ``/flush_cache``: to every worker.
+* ``/update_weights_from_disk`` and ``/abort_request``: 404, not routed. Weights and aborts go to each worker
+  directly, from the router's ``GET /workers`` list (what upstream slime's abort path reads) or, for engines
+  started here, from the URLs known without asking (``RolloutManager.engine_urls``).
+* ``/get_server_info``: the router's own (worker count), not an engine's; this runtime reads each engine's.
 
 Whether the router address is the user's or this runtime's is kept in ``args.sglang_router_external``
-(:func:`uses_external_router`): an external router is asked for its ``/workers``, the engines started
-here are known without asking.
+(:func:`uses_external_router`): an external router is asked for its ``/workers``, the engines started here are
+known without asking.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
+import importlib.util
 import json
 import logging
-import threading
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
+from slime.backends.sglang_utils.processes import die_with_parent_preexec
 
 logger = logging.getLogger(__name__)
 
-BROADCAST = ("/flush_cache", "/update_weights_from_disk", "/abort_request")
-# Request headers that describe the hop, not the request: aiohttp sets its own.
-_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+POLICY = "cache_aware"
+
+
+class RouterLaunchError(RuntimeError):
+    """sglang-router exited or did not list its workers in time; the message quotes its log."""
 
 
 def uses_external_router(args) -> bool:
@@ -58,150 +63,119 @@ def host_port(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
-class RoundRobinRouter:
-    """Forward requests to ``worker_urls`` (engine base URLs) in turn; see the module docstring."""
+def router_python(args=None) -> str:
+    """An interpreter that has sglang-router: this one (it is a dependency of this runtime), else
+    ``--sglang-python``'s."""
+    if importlib.util.find_spec("sglang_router") is not None:
+        return sys.executable
+    other = getattr(args, "sglang_python", None) if args is not None else None
+    if other:
+        return other
+    raise RouterLaunchError("sglang-router is not installed in this Python (pip install sglang-router, or "
+                            "`make venv`), and no --sglang-python was given that might have it")
 
-    def __init__(self, worker_urls: list[str], host: str = "127.0.0.1", port: int = 0):
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
+class SGLangRouter:
+    """``python -m sglang_router.launch_router`` in front of ``worker_urls``; :meth:`start` once they are healthy."""
+
+    def __init__(self, worker_urls: list[str], *, host: str = "127.0.0.1", port: int | None = None,
+                 policy: str = POLICY, python: str | None = None, log_dir: str | os.PathLike | None = None):
         if not worker_urls:
             raise ValueError("a router needs at least one engine")
+        from slime.backends.sglang_utils.launcher import find_free_port
+
         self.workers = [url.rstrip("/") for url in worker_urls]
-        self.host, self.port = host, port
-        self._next = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self.host, self.port = host, port or find_free_port(host)
+        self.policy = policy
+        self.python = python or router_python()
+        log_dir = Path(log_dir or os.environ.get("SLIME_ENGINE_LOG_DIR", "/tmp/slime_engines"))
+        self.log_path = log_dir / f"router_{self.host}_{self.port}.log"
+        self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    # ------------------------------------------------------------------ lifetime
-    def start(self, timeout: float = 30.0) -> "RoundRobinRouter":
-        """Serve from a daemon thread; returns once the socket is bound (``port`` 0: a free one, then known)."""
-        ready, failed = threading.Event(), []
-        self._loop = asyncio.new_event_loop()
+    def command(self) -> list[str]:
+        from slime.backends.sglang_utils.launcher import watched_module
 
-        def serve():
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._loop.run_until_complete(self._setup())
-            except BaseException as err:  # noqa: BLE001 - reported to start(), which raises it
-                failed.append(err)
-                ready.set()
-                return
-            ready.set()
-            self._loop.run_forever()
+        return watched_module(self.python, "sglang_router.launch_router") + [
+            "--host", self.host, "--port", str(self.port), "--worker-urls", *self.workers,
+            "--policy", self.policy, "--log-level", "warn",
+            # The workers are healthy when the router starts: check at once instead of every 30 s.
+            "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "60",
+            # This runtime's client retries a 5xx itself (http_utils); one retry layer is enough.
+            "--disable-retries"]
 
-        self._thread = threading.Thread(target=serve, name="slime-router", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout):
-            raise RuntimeError(f"the router did not bind {self.host} within {timeout:g} s")
-        if failed:
-            raise RuntimeError(f"the router could not start on {self.host}:{self.port}: {failed[0]}") from failed[0]
-        logger.info("round-robin router %s in front of %s", self.url, self.workers)
-        return self
+    def start(self, timeout: float = 90.0) -> "SGLangRouter":
+        """Start the router and return once its ``GET /workers`` lists every worker as healthy."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True, preexec_fn=die_with_parent_preexec())
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RouterLaunchError(f"sglang-router exited with code {self.process.returncode} "
+                                        f"({' '.join(self.command())}); last lines of {self.log_path}:\n"
+                                        f"{_tail(self.log_path)}")
+            if sorted(self.healthy_workers()) == sorted(self.workers):
+                logger.info("sglang-router %s (%s) in front of %s", self.url, self.policy, self.workers)
+                return self
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise RouterLaunchError(f"sglang-router at {self.url} did not list its {len(self.workers)} "
+                                        f"workers as healthy within {timeout:g} s; last lines of {self.log_path}:\n"
+                                        f"{_tail(self.log_path)}")
+            time.sleep(0.25)
 
-    async def _setup(self):
-        app = web.Application(client_max_size=256 * 1024 * 1024)  # a long context's input_ids, as the engines
-        app.router.add_get("/workers", self._workers)
-        app.router.add_get("/list_workers", self._list_workers)
-        for path in BROADCAST:
-            app.router.add_post(path, self._broadcast)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        # No total timeout: a long generation is the client's to bound (http_utils' per-attempt timeout).
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
-        )
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self._loop is None or self._loop.is_closed():
-            return
-
-        async def shutdown():
-            if self._runner is not None:
-                await self._runner.cleanup()
-            if self._session is not None:
-                await self._session.close()
-
+    def healthy_workers(self) -> list[str]:
         try:
-            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-            self._loop.close()
+            with urllib.request.urlopen(f"{self.url}/workers", timeout=5) as reply:
+                listed = json.loads(reply.read()).get("workers", [])
+        except (OSError, ValueError, AttributeError):
+            return []
+        return [w["url"].rstrip("/") for w in listed if isinstance(w, dict) and w.get("is_healthy", True)]
 
-    # ------------------------------------------------------------------ routes
-    async def _send(self, worker: str, request: web.Request, body: bytes) -> web.Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        url = f"{worker}{request.rel_url}"
-        try:
-            async with self._session.request(request.method, url, data=body, headers=headers) as reply:
-                payload = await reply.read()
-                content_type = reply.headers.get("Content-Type", "application/json")
-                return web.Response(status=reply.status, body=payload, headers={"Content-Type": content_type})
-        except (aiohttp.ClientError, OSError) as err:
-            # 502, so the client's retry (http_utils retries a 5xx) goes to the next engine.
-            message = f"router {self.url}: engine {worker} could not be reached: {type(err).__name__}: {err}"
-            logger.warning(message)
-            return web.json_response({"error": {"message": message}}, status=502)
+    def stop(self, grace: float = 10.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            import signal
 
-    async def _forward(self, request: web.Request) -> web.Response:
-        worker = self.workers[next(self._next) % len(self.workers)]
-        return await self._send(worker, request, await request.read())
-
-    async def _broadcast(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        replies = await asyncio.gather(*(self._send(worker, request, body) for worker in self.workers))
-        failed = [(w, r) for w, r in zip(self.workers, replies) if r.status >= 300]
-        if failed:
-            worker, reply = failed[0]  # the first failure, as the engine gave it
-            return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type})
-        decoded = [_json_or_text(r.body) for r in replies]
-        if all(isinstance(d, dict) and "success" in d for d in decoded):  # /update_weights_from_disk's shape
-            message = "; ".join(f"{w}: {d.get('message', '')}" for w, d in zip(self.workers, decoded))
-            return web.json_response({"success": all(d["success"] for d in decoded), "message": message})
-        return web.json_response({"workers": dict(zip(self.workers, decoded))})
-
-    async def _workers(self, request: web.Request) -> web.Response:
-        workers = [
-            {"id": str(i), "url": url, "worker_type": "regular", "is_healthy": True}
-            for i, url in enumerate(self.workers)
-        ]
-        return web.json_response({"workers": workers, "total": len(workers)})
-
-    async def _list_workers(self, request: web.Request) -> web.Response:
-        return web.json_response({"urls": list(self.workers)})
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.process.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        return self.process.returncode
 
 
-def _json_or_text(body: bytes):
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", errors="replace")
-
-
-def point_router_at_engines(args, engine_urls: list[str]) -> RoundRobinRouter | None:
-    """Set ``--sglang-router-ip/--sglang-router-port`` to the engines this runtime started: the engine
-    itself when there is one, else a :class:`RoundRobinRouter` (returned: the caller stops it)."""
+def point_router_at_engines(args, engine_urls: list[str]) -> SGLangRouter | None:
+    """Set ``--sglang-router-ip/--sglang-router-port`` to the engines this runtime started: the engine itself
+    when there is one, else an :class:`SGLangRouter` (returned not yet started: the caller starts it once the
+    engines are healthy, and stops it)."""
     args.rollout_engine_urls = list(engine_urls)
     args.sglang_router_external = False
     router = None
     if len(engine_urls) == 1:
         host, port = host_port(engine_urls[0])
     else:
-        router = RoundRobinRouter(engine_urls).start()
+        router = SGLangRouter(engine_urls, python=router_python(args))
         host, port = router.host, router.port
     args.sglang_router_ip, args.sglang_router_port = host, port
-    logger.info(
-        "rollouts go to http://%s:%s (%s)",
-        host,
-        port,
-        "the only engine" if router is None else f"round robin over {len(engine_urls)} engines",
-    )
+    logger.info("rollouts go to http://%s:%s (%s)", host, port,
+                "the only engine" if router is None else f"sglang-router over {len(engine_urls)} engines")
     return router

@@ -31,3 +31,13 @@ async def flush_cache(url: str, **kwargs) -> None:
 
 async def get_model_info(url: str, **kwargs) -> dict:
     return await http_utils.get(f"{_base(url)}/get_model_info", **kwargs)
+
+
+async def abort_all_requests(urls: list[str], **kwargs) -> None:
+    """Abort every request on each engine (``/abort_request {"abort_all": true}``; the requests return with
+    ``finish_reason.type == "abort"``). sglang-router does not route this route, so each engine is asked: the
+    router's ``GET /workers`` list (``engine_info.router_workers``) or the engines started here."""
+    import asyncio
+
+    await asyncio.gather(*(http_utils.post(f"{_base(url)}/abort_request", {"abort_all": True}, **kwargs)
+                           for url in urls))

@@ -1,7 +1,7 @@
 """``python -m sglang.launch_server`` for tests without SGLang or a GPU: takes the flags this project passes to
 SGLang 0.5.23 (and refuses any other), records its command line and CUDA_VISIBLE_DEVICES in
 ``$FAKE_SGLANG_RECORD/<port>.json``, and answers ``/health_generate`` and ``/server_info`` (standard
-library only, so it starts fast)."""
+library only, so it starts fast), and what sglang-router asks of a worker (``/health``, ``/model_info``)."""
 
 import argparse
 import json
@@ -27,7 +27,10 @@ INFO = {"context_length": int(args.context_length) if args.context_length else N
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
-        body = {"/health_generate": b"", "/server_info": json.dumps(INFO).encode()}.get(self.path)
+        model = json.dumps({"model_path": args.model_path, "is_generation": True}).encode()
+        # /health and /model_info: what sglang-router asks a worker it is given.
+        body = {"/health_generate": b"", "/health": b"", "/server_info": json.dumps(INFO).encode(),
+                "/model_info": model, "/get_model_info": model}.get(self.path)
         self.send_response(404 if body is None else 200)
         self.end_headers()
         self.wfile.write(body or b"")
