@@ -241,6 +241,12 @@ def _run(args, inputs, sync_dir: Path, progress=None, local_ray=None) -> None:
             rollout_manager.wait_engines()
         tqdm.write(f"train.py: trainer and rollout engine(s) ready in {time.monotonic() - started:.0f} s",
                    file=sys.stderr)
+        if rollout_manager.needs_engines and rollout_manager.engines_are_external():
+            # The workers of the user's router serve whatever they last loaded (another run's weights, or a
+            # checkpoint other than the one resumed): give them this run's before its first rollout, as upstream
+            # slime does. Engines started here loaded this run's model already.
+            trainer.export_hf(str(sync_dir))
+            rollout_manager.update_weights(str(sync_dir))
         if local_ray is not None:
             local_ray.record()  # the trainer actors' worker processes, now that they run
         # Resuming from step 0 (a --load that holds no checkpoint yet) runs the evaluation before training again.
