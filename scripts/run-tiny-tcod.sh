@@ -7,11 +7,15 @@
 #      server, --opd-type sglang, as in run-qwen3-8B-tcod.sh), same steps, seeds and batch, in the
 #      regime measured to work (docs/en/advanced/opd-regimes.md): one optimizer step per rollout and
 #      --opd-loss full (the reverse KL over the teacher's top-20 tokens, not one sampled token)
-#   4. table + plot (scripts/tcod_report.py) under OUT_DIR
+#   4. table + plot (scripts/tcod_report.py) in OUT_DIR: each method's share of the teacher-student gap, beside
+#      the teacher's and the student's held-out success it is computed from
 # Environment: PYTHON (default this repository's .venv/bin/python if it exists, else python3), OUT_DIR
-# (default outputs/tiny-tcod; a new folder: one that holds a run is refused, never overwritten), STEPS, TEACHER_STEPS, STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full |
+# (default outputs/tiny-tcod; a new folder: one that holds a run is refused, never overwritten; written in place, and
+# moved to OUT_DIR.partial-* by a run that stops early), STEPS, TEACHER_STEPS, STUDENT_STEPS, BATCH, LR, ETA, SEED, OPD_LOSS (full |
 # sampled), EVAL_N, TRAIN_BACKEND (fsdp | megatron: the same runs on the Megatron-core trainer), METHODS
-# (default "opd f2b b2f": which of the three distillation runs of phase 4 to make, in that order).
+# (default "opd f2b b2f": which of the three distillation runs of phase 4 to make, in that order), ROLLOUT_BACKEND
+# (hf_engine | sglang: the students' engines and the teacher as real SGLang servers run by SGLANG_PYTHON, default
+# the venv `python -m slime.backends.sglang_utils.sglang_env` builds, once; SGLang's seeds do not repeat on a CPU).
 # Evaluation is at the rollout temperature 1.0, the distribution OPD matches (why:
 # docs/en/advanced/opd-regimes.md). After SFT it warns when the teacher does not beat the student.
 # Measured time: docs/en/demo.md.
@@ -37,6 +41,7 @@ OPD_LOSS="${OPD_LOSS:-full}"
 MAX_TURNS=10
 EVAL_N="${EVAL_N:-96}"
 METHODS="${METHODS:-opd f2b b2f}"
+ROLLOUT_BACKEND="${ROLLOUT_BACKEND:-hf_engine}"
 
 T_START=${SECONDS}
 phase() { printf '\n=== [%4ds] %s\n' "$(( SECONDS - T_START ))" "$*"; }
@@ -67,6 +72,12 @@ for run in "${RUNS[@]}"; do
   case "${run}" in opd | f2b | b2f) ;; *) echo "run-tiny-tcod.sh: METHODS: unknown method '${run}' (choose from: opd f2b b2f)" >&2; exit 2 ;; esac
 done
 [ "${#RUNS[@]}" -gt 0 ] || { echo "run-tiny-tcod.sh: METHODS is empty (choose from: opd f2b b2f)" >&2; exit 2; }
+case "${ROLLOUT_BACKEND}" in
+  hf_engine) ENGINE=(--rollout-backend hf_engine --sglang-enable-deterministic-inference) ;;
+  # SGLang refuses its deterministic mode on a CPU (docs/en/engines.md): its runs are not repeatable here.
+  sglang) ENGINE=(--rollout-backend sglang) ;;
+  *) echo "run-tiny-tcod.sh: ROLLOUT_BACKEND: unknown engine '${ROLLOUT_BACKEND}' (choose from: hf_engine sglang)" >&2; exit 2 ;;
+esac
 # The student is a checkpoint of the teacher's own SFT run, so it must come first.
 [ "${STUDENT_STEPS}" -lt "${TEACHER_STEPS}" ] \
   || { echo "run-tiny-tcod.sh: STUDENT_STEPS (${STUDENT_STEPS}) must be below TEACHER_STEPS (${TEACHER_STEPS})" >&2; exit 2; }
@@ -82,6 +93,11 @@ fi
 mkdir -p "${OUT_DIR}"
 WORK="${OUT_DIR%/}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ "${ROLLOUT_BACKEND}" = sglang ]; then  # SGLang pins its own torch: served from a venv of its own
+  SGLANG_PYTHON="${SGLANG_PYTHON:-$("${PYTHON}" -m slime.backends.sglang_utils.sglang_env)}" \
+    || die "no Python to serve SGLang (see above); set SGLANG_PYTHON"
+  ENGINE+=(--sglang-python "${SGLANG_PYTHON}")
+fi
 
 # ---------------------------------------------------------------- 1. init + data
 phase "1/5 tiny tokenizer + model init, gridnav tasks"
@@ -101,8 +117,8 @@ COMMON=(
   --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
   --max-turns "${MAX_TURNS}" --max-turn-response-len 8 --rollout-max-response-len 480
   --eval-prompt-data gridnav "${WORK}/eval.jsonl" --eval-temperature 1.0
-  # Batch-invariant engines: a rerun with the same seeds repeats every figure (docs/en/engines.md).
-  --sglang-enable-deterministic-inference
+  # hf_engine: batch-invariant engines, a rerun with the same seeds repeats every figure (docs/en/engines.md).
+  "${ENGINE[@]}"
 )
 
 # ---------------------------------------------------------------- 2. teacher + student by SFT
@@ -127,12 +143,13 @@ echo "full-episode eval success (temperature 1.0, ${EVAL_N} held-out tasks): tea
   "student $(round2 "${STUDENT_SUCCESS}")"
 
 # ---------------------------------------------------------------- 3. teacher server
-phase "3/5 teacher server (hf_engine, SGLang protocol)"
+phase "3/5 teacher server (${ROLLOUT_BACKEND}, SGLang protocol)"
 PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
-"${PYTHON}" -m slime.backends.hf_engine --model-path "${TEACHER}" --port "${PORT}" --random-seed "${SEED}" \
-  --enable-deterministic-inference > "${WORK}/teacher_server.log" 2>&1 &
+# Served as train.py serves its engines (SGLang: its CPU settings, and it dies with this script).
+"${PYTHON}" -m slime.backends.sglang_utils.serve "${ENGINE[@]}" --hf-checkpoint "${TEACHER}" --port "${PORT}" \
+  --seed "${SEED}" > "${WORK}/teacher_server.log" 2>&1 &
 TEACHER_PID=$!
-"${PYTHON}" -m slime.backends.sglang_utils.wait_healthy --port "${PORT}" --pid "${TEACHER_PID}" \
+"${PYTHON}" -m slime.backends.sglang_utils.wait_healthy --port "${PORT}" --pid "${TEACHER_PID}" --timeout 600 \
   || die "teacher server did not come up; see teacher_server.log in this run's folder"
 
 # ---------------------------------------------------------------- 4. OPD, F2B, B2F
