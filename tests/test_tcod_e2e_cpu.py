@@ -13,7 +13,6 @@ import importlib
 import itertools
 import json
 import re
-import string
 import sys
 import types
 from pathlib import Path
@@ -26,6 +25,8 @@ from aiohttp import web
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `examples` is not an installed package
     sys.path.insert(0, str(REPO_ROOT))
+
+from test_tcod_rollout import qwen3_like_tokenizer  # noqa: E402 - tests/ is on sys.path, as for every test
 
 NUM_GPUS = 0
 pytestmark = pytest.mark.unit
@@ -73,8 +74,6 @@ STUBS = {
 FRESH = ("slime", "examples", "sglang", "sglang_router", "megatron")  # imported anew against the stubs
 MODULES = {  # what the tests use, imported in the fixture
     "make_data": "examples.multi_turn_tcod.envs.make_data",
-    "tokenizers": "tokenizers",
-    "transformers": "transformers",
     "aiohttp_threaded": "slime.agent.aiohttp_threaded",
     "loss": "slime.backends.megatron_utils.loss",
     "rollout_data_utils": "slime.observability.rollout_data_utils",
@@ -124,13 +123,6 @@ def build_env(sample, args):
 LAYERS, TOPK = 2, 2
 ROLLOUT_IDS = range(5)  # --tcod-eta 1: depth k(n) = n + 1 grows past every expert length (3 or 4)
 OPD_KL_COEF = 0.5
-# Qwen3's template: with enable_thinking=False an empty think block opens the assistant turn.
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
-    "{% endif %}"
-)
 POSITION = re.compile(r"at (\d+),(\d+) goal (\d+),(\d+)")
 STUDENT_TURN = re.compile(r"<think>\n[^<]+\n</think>\n\n(up|down|left|right)<\|im_end\|>")
 REPLAYED_TURN = re.compile(r"(?:^|<\|im_start\|>assistant\n)(up|down|left|right)<\|im_end\|>")
@@ -216,19 +208,8 @@ class FakeSGLang:
 
 @pytest.fixture(scope="module")
 def hf_checkpoint(slime_code, tmp_path_factory):
-    """Character-level ChatML tokenizer, ``<think>`` an added non-special token as in Qwen3, saved for slime's
-    ``load_tokenizer(args.hf_checkpoint)``."""
-    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
-    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *chars])}
-    code = slime_code  # the tokenizers and transformers classes are imported there
-    core = code.tokenizers.Tokenizer(code.tokenizers.models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    core.pre_tokenizer = code.tokenizers.pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = code.tokenizers.decoders.Fuse()
-    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>"]}
-    tokenizer = code.transformers.PreTrainedTokenizerFast(tokenizer_object=core, **special)
-    think = [code.tokenizers.AddedToken(text, special=False) for text in ("<think>", "</think>")]
-    tokenizer.add_tokens(think)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    """test_tcod_rollout.py's Qwen3-like tokenizer, saved for slime's ``load_tokenizer(args.hf_checkpoint)``."""
+    tokenizer = qwen3_like_tokenizer()
     path = tmp_path_factory.mktemp("hf_checkpoint")
     tokenizer.save_pretrained(path)
     return path, tokenizer
@@ -236,37 +217,41 @@ def hf_checkpoint(slime_code, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(slime_code, hf_checkpoint):
+    """The student and the teacher: (student, teacher)."""
     _, tokenizer = hf_checkpoint
-    student = FakeSGLang(
-        slime_code.aiohttp_threaded.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=1), student=True
-    )
-    teacher = FakeSGLang(
-        slime_code.aiohttp_threaded.run_app_in_thread, tokenizer, TinyLM(len(tokenizer), seed=2), student=False
-    )
-    yield student, teacher
-    student.handle.stop()
-    teacher.handle.stop()
+    run = slime_code.aiohttp_threaded.run_app_in_thread
+    pair = [FakeSGLang(run, tokenizer, TinyLM(len(tokenizer), seed=1 + i), student=i == 0) for i in range(2)]
+    yield pair
+    for server in pair:
+        server.handle.stop()
 
 
-def run_args(code, monkeypatch, tmp_path, hf_checkpoint, student, teacher, mode, top_p, env=GRIDNAV, extra=""):
-    """The run's args as slime parses a launch command line. ``--debug-rollout-only``: no Megatron trainer
-    (nor its HF config check); this test converts the samples and computes the advantages itself."""
-    rows = list(code.make_data.task_rows(4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
-    rows[1]["metadata"]["broken"] = True  # only FAILING_ENV reads it
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = {"max_turns": 8, "max_turn_response_len": 128, "rollout_interaction_env_path": env}
-    (tmp_path / "tcod.yaml").write_text(yaml.safe_dump(config))
-    argv = f"""train.py --debug-rollout-only --hf-checkpoint {hf_checkpoint}
-        --prompt-data {tmp_path}/train.jsonl --input-key input --label-key label --num-rollout {len(ROLLOUT_IDS)}
-        --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-response-len 2048 --rollout-temperature 1.0
-        --rollout-num-gpus 1 --rollout-num-gpus-per-engine 1 --sglang-router-ip 127.0.0.1 --sglang-router-port
-        {student.handle.port} --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
-        --custom-config-path {tmp_path}/tcod.yaml --use-opd --opd-type sglang --opd-kl-coef {OPD_KL_COEF}
-        --custom-rm-path slime.rollout.on_policy_distillation.reward_func --rm-url {teacher.url}/generate
-        --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
-        --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1 --rollout-top-p {top_p} {extra}"""
-    monkeypatch.setattr(sys, "argv", argv.split())
-    return code.arguments.parse_args()
+@pytest.fixture
+def manager(slime_code, monkeypatch, tmp_path, hf_checkpoint, servers):
+    """``manager(mode, top_p=1.0, env=GRIDNAV, extra="")``: a RolloutManagerState on the args slime parses from a
+    launch command line. ``--debug-rollout-only``: no Megatron trainer (nor its HF config check); the tests
+    convert the samples and compute the advantages themselves."""
+
+    def manager(mode, top_p=1.0, env=GRIDNAV, extra=""):
+        code, (student, teacher) = slime_code, servers
+        rows = list(code.make_data.task_rows(4, seed=0, params={"size": 5, "walls": 0.0}, min_len=3, max_len=4))
+        rows[1]["metadata"]["broken"] = True  # only FAILING_ENV reads it
+        (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        config = {"max_turns": 8, "max_turn_response_len": 128, "rollout_interaction_env_path": env}
+        (tmp_path / "tcod.yaml").write_text(yaml.safe_dump(config))
+        argv = f"""train.py --debug-rollout-only --hf-checkpoint {hf_checkpoint[0]}
+            --prompt-data {tmp_path}/train.jsonl --input-key input --label-key label --num-rollout {len(ROLLOUT_IDS)}
+            --rollout-batch-size 2 --n-samples-per-prompt 2 --rollout-max-response-len 2048 --rollout-temperature 1.0
+            --rollout-num-gpus 1 --rollout-num-gpus-per-engine 1 --sglang-router-ip 127.0.0.1 --sglang-router-port
+            {student.handle.port} --custom-generate-function-path examples.multi_turn_tcod.rollout.generate
+            --custom-config-path {tmp_path}/tcod.yaml --use-opd --opd-type sglang --opd-kl-coef {OPD_KL_COEF}
+            --custom-rm-path slime.rollout.on_policy_distillation.reward_func --rm-url {teacher.url}/generate
+            --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
+            --use-rollout-logprobs --use-tcod --tcod-mode {mode} --tcod-eta 1 --rollout-top-p {top_p} {extra}"""
+        monkeypatch.setattr(sys, "argv", argv.split())
+        return RolloutManagerState(code, code.arguments.parse_args())
+
+    return manager
 
 
 class RolloutManagerState:
@@ -304,17 +289,13 @@ def mask_runs(tokenizer, sample) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("mode,top_p", [("f2b", 1.0), ("b2f", 1.0), ("b2f", 0.9)])
-def test_tcod_curriculum_trains_pure_opd_through_slime_rollout(
-    slime_code, monkeypatch, tmp_path, hf_checkpoint, servers, mode, top_p
-):
-    path, tokenizer = hf_checkpoint
-    student, teacher = servers
-    args = run_args(slime_code, monkeypatch, tmp_path, path, student, teacher, mode, top_p)
-    manager = RolloutManagerState(slime_code, args)
+def test_tcod_curriculum_trains_pure_opd_through_slime_rollout(manager, hf_checkpoint, servers, mode, top_p):
+    (_, tokenizer), (student, teacher) = hf_checkpoint, servers
+    run = manager(mode, top_p)
     for rollout_id in ROLLOUT_IDS:
         student.requests.clear()
         teacher.requests.clear()
-        samples, data = manager.train_data(rollout_id)
+        samples, data = run.train_data(rollout_id)
         depth = rollout_id + 1
         assert len(samples) == 4 and data["rewards"] == [0.0] * 4  # pure distillation
         assert sorted(r["input_ids"] for r in teacher.requests) == sorted(s.tokens for s in samples)
@@ -352,24 +333,18 @@ def test_tcod_curriculum_trains_pure_opd_through_slime_rollout(
             )
 
 
-def test_routing_replay_converts_a_batch_with_a_failed_episode(
-    slime_code, monkeypatch, tmp_path, hf_checkpoint, servers
-):
-    path, _ = hf_checkpoint
-    student, teacher = servers
+def test_routing_replay_converts_a_batch_with_a_failed_episode(manager, monkeypatch, tmp_path, servers):
+    student, _ = servers
     (tmp_path / "failing_env.py").write_text(FAILING_ENV)
     monkeypatch.setitem(sys.modules, "rollout_env_failing_env", None)  # the module the loop loads leaves after
     routing = f"--use-rollout-routing-replay --num-layers {LAYERS} --moe-router-topk {TOPK}"
-    env = str(tmp_path / "failing_env.py")
-    args = run_args(slime_code, monkeypatch, tmp_path, path, student, teacher, "b2f", 1.0, env=env, extra=routing)
-    args.router_policy = "consistent_hashing"  # a sglang_router flag, which this test's stub does not add
-    manager = RolloutManagerState(slime_code, args)
+    run = manager("b2f", env=str(tmp_path / "failing_env.py"), extra=routing)
+    run.args.router_policy = "consistent_hashing"  # a sglang_router flag, which this test's stub does not add
     student.requests.clear()
 
-    samples, data = manager.train_data(0)  # includes the R3 check of every sample's routing
+    samples, data = run.train_data(0)  # includes the R3 check of every sample's routing
 
     assert {r["routing_key"] for r in student.requests} == {s.session_id for s in samples}
-
     failed = [i for i, sample in enumerate(samples) if sample.metadata["outcome"] == "env_error"]
     assert failed and not samples[0].remove_sample  # the first sample sets the batch's routing fields
     for i, sample in enumerate(samples):  # the engine's own routing, a failed episode's from a prefill request
@@ -379,24 +354,14 @@ def test_routing_replay_converts_a_batch_with_a_failed_episode(
     assert sorted(r["input_ids"] for r in prefills) == sorted(samples[i].tokens for i in failed)
 
 
-def test_a_generate_function_without_the_curriculum_fails_the_first_rollout_step(
-    slime_code, monkeypatch, tmp_path, hf_checkpoint, servers
-):
-    path, _ = hf_checkpoint
-    (tmp_path / "tcod_single_turn.py").write_text(
-        "async def generate(args, sample, sampling_params):\n    return sample\n"
-    )
+def test_a_generate_function_without_the_curriculum_fails_the_first_rollout_step(manager, monkeypatch, tmp_path):
+    (tmp_path / "tcod_single_turn.py").write_text("async def generate(args, sample, sampling_params):\n    return sample\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    extra = "--custom-generate-function-path tcod_single_turn.generate"  # the last one given wins
-    args = run_args(slime_code, monkeypatch, tmp_path, path, *servers, "b2f", 1.0, extra=extra)
-    manager = RolloutManagerState(slime_code, args)
-    try:
-        with pytest.raises(
-            RuntimeError, match="tcod_single_turn.generate did not play TCOD's curriculum for rollout 0"
-        ):
-            manager.train_data(0)
-    finally:
-        sys.modules.pop("tcod_single_turn", None)
+    monkeypatch.setitem(sys.modules, "tcod_single_turn", None)  # the module slime loads leaves after
+    run = manager("b2f", extra="--custom-generate-function-path tcod_single_turn.generate")  # the last one wins
+    sys.modules.pop("tcod_single_turn")
+    with pytest.raises(RuntimeError, match="tcod_single_turn.generate did not play TCOD's curriculum for rollout 0"):
+        run.train_data(0)
 
 
 if __name__ == "__main__":

@@ -38,13 +38,6 @@ QWEN3_LIKE_TEMPLATE = (
 THINK = "<think>\nThe goal is further along; one step closer.\n</think>\n\n"
 
 
-def tcod_args(**overrides):
-    """args after slime_validate_args: --use-tcod with its defaults filled, max_turns from the YAML."""
-    values = dict(use_tcod=True, tcod_mode="f2b", tcod_k_start=1, tcod_eta=3, tcod_k_max=4, max_turns=10)
-    values.update(overrides)
-    return SimpleNamespace(**values)
-
-
 def test_depth_grows_every_eta_steps_up_to_k_max():
     assert [curriculum_depth(n, 1, 3, 4) for n in range(14)] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 4, 4]
     assert curriculum_depth(0, 2, 5, 9) == 2
@@ -63,16 +56,16 @@ def test_schedule_rejects_bad_parameters(step, k_start, eta, k_max):
 
 def test_evaluation_and_vanilla_opd_play_full_episodes():
     full = {"mode": "full", "max_turns": 10, "step": 5}
-    assert episode_plan(tcod_args(), 5, 10, evaluation=True) == full
-    assert episode_plan(tcod_args(use_tcod=False), 5, 10) == full
+    assert episode_plan(make_args(), 5, 10, evaluation=True) == full
+    assert episode_plan(make_args(use_tcod=False), 5, 10) == full
 
 
 def test_plan_needs_the_rollout_id_and_a_k_max_within_max_turns():
     with pytest.raises(RuntimeError, match="rollout id"):
-        episode_plan(tcod_args(), None, 10)
-    with pytest.raises(ValueError, match=r"--tcod-k-max \(4\) must be <= the episode's max_turns \(3\)"):
-        episode_plan(tcod_args(), 0, 3)
-    assert episode_plan(tcod_args(tcod_k_max=None), 100, 6)["depth"] == 6  # unset: the generate function's limit
+        episode_plan(make_args(), None, 10)
+    with pytest.raises(ValueError, match=r"--tcod-k-max \(8\) must be <= the episode's max_turns \(3\)"):
+        episode_plan(make_args(), 0, 3)
+    assert episode_plan(make_args(tcod_k_max=None), 100, 6)["depth"] == 6  # unset: the generate function's limit
 
 
 def test_a_sample_the_curriculum_did_not_plan_fails_the_hook():
@@ -87,8 +80,7 @@ def test_a_sample_the_curriculum_did_not_plan_fails_the_hook():
     check_episode_planned(args, Sample(), rollout_id=3, evaluation=True)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def qwen3_like_tokenizer():
     """Character-level ChatML tokenizer built here; ``<think>`` is an added, non-special token as in Qwen3."""
     with pytest.MonkeyPatch.context() as mp:  # past another test's transformers stub, if one is installed
         if "transformers" in sys.modules and getattr(sys.modules["transformers"], "__file__", None) is None:
@@ -107,9 +99,13 @@ def tokenizer():
     return tok
 
 
-class FakeState:
-    def __init__(self, tokenizer):
-        self.tokenizer, self.aborted = tokenizer, False
+@pytest.fixture(scope="module")
+def tokenizer():
+    return qwen3_like_tokenizer()
+
+
+def FakeState(tokenizer):  # noqa: N802 - GenerateState's stand-in: the tokenizer and abort()'s flag
+    return SimpleNamespace(tokenizer=tokenizer, aborted=False)
 
 
 class ScriptedEngine:
@@ -173,6 +169,12 @@ def tasks():
     return list(task_rows(3, seed=0, params={"size": 5}, min_len=4, max_len=8))
 
 
+@pytest.fixture(scope="module")
+def moves(tasks):
+    """The first task's expert actions: a policy that plays them solves it."""
+    return tasks[0]["metadata"]["expert_actions"]
+
+
 def play(monkeypatch, tokenizer, args, row, step, policy, evaluation=False, max_new_tokens=4000, state=None, **fields):
     engine = ScriptedEngine(tokenizer, policy)
     params = {"temperature": 1.0, "max_new_tokens": max_new_tokens, **fields.pop("sampling", {})}
@@ -189,11 +191,9 @@ def trained_text(tokenizer, sample):
     return tokenizer.decode([t for t, m in zip(ids, sample.loss_mask, strict=True) if m])
 
 
-def test_thinking_reply_acts_on_what_follows_think(monkeypatch, tokenizer, tasks):
-    row = tasks[0]
-    moves = row["metadata"]["expert_actions"]
+def test_thinking_reply_acts_on_what_follows_think(monkeypatch, tokenizer, tasks, moves):
     args = make_args(use_tcod=False)
-    sample, engine = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: THINK + moves[i])
+    sample, engine = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: THINK + moves[i])
     assert sample.metadata["outcome"] == "done" and sample.metadata["success"]
     assert sample.metadata["num_turns"] == len(moves) and sample.metadata["turns_without_stop"] == 0
     assert trained_text(tokenizer, sample) == "".join(THINK + m + "<|im_end|>" for m in moves)
@@ -266,9 +266,8 @@ def test_b2f_replay_that_finishes_the_task_is_not_trained(monkeypatch, tokenizer
     assert sample.remove_sample and not any(sample.loss_mask)  # the replay is all masked
 
 
-def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokenizer, tasks):
+def test_evaluation_plays_the_full_episode_on_its_own_budget(monkeypatch, tokenizer, tasks, moves):
     row = tasks[0]
-    moves = row["metadata"]["expert_actions"]
     sample, engine = play(
         monkeypatch, tokenizer, make_args(), row, 6, lambda i: THINK + moves[i], evaluation=True, max_new_tokens=5000
     )
@@ -308,11 +307,9 @@ def test_no_request_once_the_rollout_is_aborted_during_an_env_step(monkeypatch, 
     assert sample.metadata["outcome"] == "aborted"
 
 
-def test_megatron_teacher_trains_pure_opd(monkeypatch, tokenizer, tasks):
-    row = tasks[0]
-    moves = row["metadata"]["expert_actions"]
+def test_megatron_teacher_trains_pure_opd(monkeypatch, tokenizer, tasks, moves):
     args = make_args(use_tcod=False, opd_type="megatron", custom_rm_path=None)
-    sample, _ = play(monkeypatch, tokenizer, args, row, step=0, policy=lambda i: moves[i])
+    sample, _ = play(monkeypatch, tokenizer, args, tasks[0], step=0, policy=lambda i: moves[i])
     assert sample.metadata["success"] and sample.metadata["num_turns"] == len(moves)  # no think block: acts
     assert sample.reward == 0.0 and sample.metadata["task_reward"] == 1.0  # logged, not trained
 
@@ -366,8 +363,7 @@ def test_each_turn_draws_with_its_own_sampling_seed(monkeypatch, tokenizer, task
     assert turn_seeds(engine) == [11, 15, 19]  # seed + (1 + turn) * n_samples_per_prompt
 
 
-def test_b2f_student_turns_draw_past_the_seeds_of_the_replayed_turns(monkeypatch, tokenizer, tasks):
-    moves = tasks[0]["metadata"]["expert_actions"]
+def test_b2f_student_turns_draw_past_the_seeds_of_the_replayed_turns(monkeypatch, tokenizer, tasks, moves):
     args = make_args(tcod_mode="b2f", n_samples_per_prompt=4)  # step 0: depth 1, the first L - 1 moves replayed
     seeded = {"sampling_seed": 7}
     sample, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: moves[-1], sampling=seeded)
@@ -399,8 +395,7 @@ def test_a_reset_without_observation_starts_from_the_sample_prompt(monkeypatch, 
     assert sample.metadata["outcome"] != "env_error"
 
 
-def test_episode_turns_carry_the_session_routing_key(monkeypatch, tokenizer, tasks):
-    moves = tasks[0]["metadata"]["expert_actions"]
+def test_episode_turns_carry_the_session_routing_key(monkeypatch, tokenizer, tasks, moves):
     args = make_args(use_tcod=False, router_policy="consistent_hashing")
     _, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: moves[i], session_id="episode-7")
     assert engine.headers == [{"X-SMG-Routing-Key": "episode-7"}] * len(moves)
@@ -408,8 +403,7 @@ def test_episode_turns_carry_the_session_routing_key(monkeypatch, tokenizer, tas
     assert engine.headers == [None] * len(moves)  # other router policies route by load
 
 
-def test_a_reply_ending_on_another_eos_is_a_finished_turn(monkeypatch, tokenizer, tasks):
-    moves = tasks[0]["metadata"]["expert_actions"]
+def test_a_reply_ending_on_another_eos_is_a_finished_turn(monkeypatch, tokenizer, tasks, moves):
     args = make_args(use_tcod=False)
     sample, engine = play(monkeypatch, tokenizer, args, tasks[0], 0, lambda i: THINK + moves[i] + "<|endoftext|>")
     assert sample.metadata["success"] and sample.metadata["turns_without_stop"] == 0
