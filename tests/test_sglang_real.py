@@ -34,6 +34,9 @@ from slime.utils import http_utils
 from slime.utils.arguments import get_parser
 from slime.utils.tiny_models import build_tokenizer, save_tiny_checkpoint
 
+# A real SGLang server starts in 50-94 s on two quiet cores, several minutes on a loaded machine; the module's
+# first test and the train.py fixture include those starts.
+pytestmark = pytest.mark.timeout(1800)
 CONTEXT = 384
 PROMPT = list(range(5, 37))  # 32 token ids of the tiny tokenizer
 

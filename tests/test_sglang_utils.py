@@ -300,3 +300,25 @@ def test_one_engine_is_the_router_address_itself(two_engines):
     assert args.rollout_engine_urls == [a.url] and not uses_external_router(args)
     # A user's --sglang-router-ip stays external: RolloutManager starts nothing and asks it for workers.
     assert uses_external_router(_args("--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "3000"))
+
+
+def test_an_engine_that_dies_during_the_run_is_reported_with_its_log(tmp_path):
+    from slime.backends.sglang_utils.launcher import EngineDiedError
+
+    script = "import sys; print('scheduler: killed by the OOM killer', flush=True); sys.exit(137)"
+    engine = EngineProcess([sys.executable, "-c", script], host="127.0.0.1", port=find_free_port(),
+                           log_path=tmp_path / "dying.log")
+    engine.process.wait(60)
+
+    def rollout(*_args, **_kw):
+        raise ConnectionError("connection refused")
+
+    manager = _manager(_args(), [engine])
+    manager.generate_rollout = rollout
+    with pytest.raises(EngineDiedError) as err:
+        manager.generate(0)
+    message = str(err.value)
+    assert engine.url in message and "code 137" in message and "killed by the OOM killer" in message
+    from slime.ray.failures import describe_failure
+
+    assert describe_failure(manager.args, err.value) == message  # train.py prints it as one paragraph

@@ -54,7 +54,9 @@ def describe_failure(args, err: BaseException) -> str | None:
     from slime.rollout.empty_steps import EmptyStepsError
     from slime.rollout.trainable_samples import TooManyFailures
 
-    if isinstance(err, (TooManyFailures, EmptyStepsError)):  # raised in this process, never wrapped by Ray
+    from slime.backends.sglang_utils.launcher import EngineDiedError
+
+    if isinstance(err, (TooManyFailures, EmptyStepsError, EngineDiedError)):  # raised here, never wrapped by Ray
         return str(err)
     root = _root_cause(err)
     if isinstance(root, HTTPRequestError):

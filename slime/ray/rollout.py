@@ -215,7 +215,11 @@ class RolloutManager:
         async def push_all():
             await asyncio.gather(*(update_weights_from_disk(url, hf_path) for url in urls))
 
-        run_async(push_all())
+        try:
+            run_async(push_all())
+        except Exception as err:
+            self.check_engines(err)
+            raise
         logger.debug("weights from %s pushed to %d engine(s)", hf_path, len(urls))
 
     def shutdown(self):
@@ -245,12 +249,26 @@ class RolloutManager:
                 logger.warning("stopping the %s failed: %r", name, err)
 
     # ------------------------------------------------------------------ rollouts
+    def check_engines(self, err: BaseException | None = None) -> None:
+        """Raise ``EngineDiedError`` (its log tail quoted) when an engine started here has exited, chained to
+        ``err``, the failure it explains; a request to a dead engine otherwise fails only after its retries."""
+        from slime.backends.sglang_utils.launcher import dead_engines
+
+        died = dead_engines(self.engines)
+        if died is not None:
+            raise died from err
+
     def generate(self, rollout_id: int):
         set_current_rollout_id(rollout_id)  # read by the agent loop's curriculum, as upstream keeps it
         from slime.rollout import sglang_rollout
 
         sglang_rollout.LAST_COUNTS.clear()
-        groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
+        self.check_engines()
+        try:
+            groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
+        except Exception as err:
+            self.check_engines(err)
+            raise
         samples, stats = select_trainable(self.args, groups)
         # --turns-per-step: how many waves of episodes the step drew (its episodes and turns: rollout_metrics).
         stats.update({k: v for k, v in sglang_rollout.LAST_COUNTS.items() if k == "rollout/waves"})

@@ -36,10 +36,41 @@ class EngineLaunchError(RuntimeError):
     """The server process exited or did not become healthy in time; the message quotes its log."""
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+class EngineDiedError(RuntimeError):
+    """A server that was healthy exited during the run; the message quotes its log."""
+
+
+def dead_engines(engines) -> EngineDiedError | None:
+    """An error naming every engine of ``engines`` whose process has exited (with its log tail), or None.
+    Engines without a local process (in Ray actors, or a router's workers) are not checked here."""
+    dead = [e for e in engines if getattr(e, "process", None) is not None and e.process.poll() is not None]
+    if not dead:
+        return None
+    return EngineDiedError("; ".join(
+        f"the rollout engine at {e.url} exited with code {e.process.returncode} during the run "
+        f"({e.cmd[0]} ... {' '.join(e.cmd[-2:])}); last lines of {e.log_path}:\n{e.log_tail(20)}" for e in dead))
+
+
+# SGLang derives a gRPC port of its HTTP port + 10000 and refuses to start when that is above 65535 (0.5.15.post1:
+# "SGLANG_GRPC_PORT (66331) must be between 1 and 65535"), and Linux hands out ephemeral ports up to 60999: a port
+# picked here stays at or below this.
+MAX_ENGINE_PORT = 55535
+
+
+def find_free_port(host: str = "127.0.0.1", max_port: int = MAX_ENGINE_PORT) -> int:
+    """A port free on ``host`` now, at most ``max_port``."""
+    import random
+
+    for attempt in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, 0 if attempt < 8 else random.randint(20000, max_port)))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+            if port <= max_port:
+                return port
+    raise OSError(f"no free port at or below {max_port} on {host}")
 
 
 # SGLang's CPU settings (REFERENCE.md §14): its CPU engine, the attention and sampling backends that have a CPU
