@@ -144,7 +144,8 @@ echo "full-episode eval success (temperature 1.0, ${EVAL_N} held-out tasks): tea
 
 # ---------------------------------------------------------------- 3. teacher server
 phase "3/5 teacher server (${ROLLOUT_BACKEND}, SGLang protocol)"
-PORT="$("${PYTHON}" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")"
+# A port SGLang can take too (its gRPC port, this one + 10000, must exist).
+PORT="$("${PYTHON}" -c "from slime.backends.sglang_utils.launcher import find_free_port; print(find_free_port())")"
 # Served as train.py serves its engines (SGLang: its CPU settings, and it dies with this script).
 "${PYTHON}" -m slime.backends.sglang_utils.serve "${ENGINE[@]}" --hf-checkpoint "${TEACHER}" --port "${PORT}" \
   --seed "${SEED}" > "${WORK}/teacher_server.log" 2>&1 &
