@@ -47,7 +47,7 @@ def _fake_tree(root: Path) -> Path:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, root / rel)
     (root / "scripts/models").mkdir(parents=True)
-    for model in ("qwen3-8B", "qwen3-0.6B"):
+    for model in ("qwen3-8B", "qwen3-1.7B", "qwen3-0.6B"):
         (root / f"scripts/models/{model}.sh").write_text(MODEL_ARGS)
     package = root / "slime/utils/external_utils"
     package.mkdir(parents=True)
@@ -73,7 +73,11 @@ def test_launch_script_arguments_are_extracted_with_stubs(tmp_path):
     assert [launch.problems for launch in launches] == [[]] * len(clf.SCRIPT_RUNS)
     for run, launch in zip(clf.SCRIPT_RUNS, launches, strict=True):
         argv = launch.argv
-        assert argv[:4] == ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "2"]
+        assert argv[:4] == ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", run.get("ACTOR_GPUS", "2")]
+        gpus = int(run.get("NUM_GPUS", 8)) - int(run.get("TEACHER_GPUS", 2)) - int(run.get("ACTOR_GPUS", 2))
+        assert _value(argv, "--rollout-num-gpus") == str(gpus)  # 4 of 8, or 2 of 4
+        assert _value(argv, "--tensor-model-parallel-size") == run.get("TP", "2")
+        assert _value(argv, "--hf-checkpoint") == run.get("STUDENT", "/root/models/Qwen3-8B")
         assert argv[argv.index("--rollout-num-gpus") + 2 : argv.index("--rollout-num-gpus") + 5] == [
             "--swiglu",
             "--num-layers",
@@ -91,7 +95,8 @@ def test_launch_script_arguments_are_extracted_with_stubs(tmp_path):
         assert "--tcod-k-max" not in argv and "--rollout-function-path" not in argv
         assert config["rollout_interaction_env_path"] == "examples.multi_turn_tcod.envs.gridnav"
         assert launch.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and str(tree) in launch.env["PYTHONPATH"]
-        assert _value(launch.teacher_argv, "--tp-size") == "2"
+        assert _value(launch.teacher_argv, "--tp-size") == run.get("TEACHER_GPUS", "2")
+        assert _value(launch.teacher_argv, "--model-path") == run.get("TEACHER", "/root/models/Qwen3-32B")
 
 
 def test_e2e_test_arguments_are_captured_without_running_anything(tmp_path):

@@ -25,7 +25,11 @@ except ImportError:  # imported as a top-level module, from this folder
 
 SCRIPT = "examples/multi_turn_tcod/run-qwen3-8B-tcod.sh"
 E2E_TEST = GPU_TEST_FILE
-SCRIPT_RUNS = [{"TCOD_MODE": m} for m in ("f2b", "b2f")]
+# The script in both TCOD modes, then its 4-GPU setting as the example README gives it (Qwen3-1.7B, Qwen3-8B teacher).
+SMALLER_SETTING = {"STUDENT": "/root/models/Qwen3-1.7B", "STUDENT_TORCH_DIST": "/root/models/Qwen3-1.7B_torch_dist",
+                   "TEACHER": "/root/models/Qwen3-8B", "MODEL_SCRIPT": "qwen3-1.7B.sh", "NUM_GPUS": "4",
+                   "TEACHER_GPUS": "1", "ACTOR_GPUS": "1", "TP": "1"}
+SCRIPT_RUNS = [{"TCOD_MODE": m} for m in ("f2b", "b2f")] + [{"TCOD_MODE": "f2b", **SMALLER_SETTING}]
 # The e2e test's configurations as the CI registers them (one entry each, with the GPUs it gets).
 TEST_GPUS = {(m, o): n for m, o, n in GPU_CONFIGS}
 TEST_RUNS = list(TEST_GPUS)
