@@ -70,7 +70,12 @@ OUTSIDE = {
         "--model-path", "--host", "--port", "--tp-size", "--tensor-parallel-size", "--tp",
         "--mem-fraction-static", "--context-length", "--random-seed", "--enable-deterministic-inference",
         "--disable-radix-cache", "--base-gpu-id",
+        # its CPU settings, which the launcher adds where there is no CUDA device (docs/en/engines.md)
+        "--device", "--attention-backend", "--sampling-backend", "--disable-cuda-graph", "--disable-overlap-schedule",
+        "--skip-server-warmup", "--max-total-tokens", "--dtype",
     },
+    # python -m sglang_router.launch_router (sglang-router 0.3.2), which the runtime starts in front of engines.
+    "sglang-router": {"--worker-urls", "--policy", "--host", "--port"},
     # ray start / ray job submit.
     "ray": {"--head", "--num-gpus", "--disable-usage-stats", "--address", "--runtime-env-json"},
     # Megatron-LM's own flags that docs/en/megatron_backend.md names but this runtime does not take.
@@ -121,6 +126,7 @@ def commands() -> dict[str, set[str]]:
         "train.py": set(get_parser()._option_string_actions),
         "hf_engine": _ast_flags("slime/backends/hf_engine/__main__.py"),
         "wait_healthy": _ast_flags("slime/backends/sglang_utils/wait_healthy.py"),
+        "sglang_env": _ast_flags("slime/backends/sglang_utils/sglang_env.py"),
         "tiny_models": _ast_flags("slime/utils/tiny_models.py"),
         "expert_sft": _ast_flags("slime/rollout/expert_sft.py"),
         "agent_envs.make_data": _help_flags(agent_make_data.main),
@@ -136,6 +142,8 @@ def commands() -> dict[str, set[str]]:
     }
     # upstream's tools/convert_hf_to_torch_dist.py takes Megatron's model flags and slime's checkpoint ones.
     known["convert_hf_to_torch_dist"] = known["train.py"] | known["megatron"]
+    # serve.py: train.py's parser plus the port it serves on.
+    known["serve"] = known["train.py"] | _ast_flags("slime/backends/sglang_utils/serve.py")
     return known
 
 
@@ -144,6 +152,9 @@ MARKERS = [
     (re.compile(r"sglang\.launch_server"), "sglang"),
     (re.compile(r"slime\.backends\.hf_engine(?![.\w])"), "hf_engine"),
     (re.compile(r"wait_healthy"), "wait_healthy"),
+    (re.compile(r"sglang_utils\.serve\b"), "serve"),
+    (re.compile(r"sglang_utils\.sglang_env\b"), "sglang_env"),
+    (re.compile(r"sglang_router\.launch_router"), "sglang-router"),
     (re.compile(r"tiny_models"), "tiny_models"),
     (re.compile(r"slime\.rollout\.expert_sft"), "expert_sft"),
     (re.compile(r"examples\.agent_envs\.make_data"), "agent_envs.make_data"),
