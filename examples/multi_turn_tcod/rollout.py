@@ -48,7 +48,7 @@ async def in_thread(timeout: float, fn, *call_args, env=None):
     return await asyncio.wait_for(asyncio.to_thread(fn, *call_args), timeout)
 
 
-@functools.cache  # geo3k's loader runs a ``.py`` file again on every call; an episode loads it once per path
+@functools.cache  # geo3k's loader runs a ``.py`` file again on every call: here once per process and path
 def load_env_module(path: str):
     """The module behind ``rollout_interaction_env_path`` (a dotted module or a ``.py`` file), as geo3k loads it."""
     module = _load_env_module(path)
@@ -58,7 +58,8 @@ def load_env_module(path: str):
 
 
 class Episode:
-    """One trajectory while it is played: the sample, its environment, its budget and its records."""
+    """One trajectory while it is played: the sample, its environment, its budget and its records; B2F's prefix
+    comes from ``replay_prefix`` (the task's expert actions)."""
 
     def __init__(self, args, sample: Sample, sampling_params: dict, evaluation: bool):
         self.args, self.sample, self.evaluation = args, sample, evaluation
