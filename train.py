@@ -71,6 +71,20 @@ def _due(step: int, interval: int | None, last: int) -> bool:
     return bool(interval) and ((step + 1) % interval == 0 or step == last)
 
 
+class _BarSafeLines:
+    """A stream for ``print`` that writes each line with ``tqdm.write``, so the lines go above the progress bar
+    instead of onto its end."""
+
+    def write(self, text: str) -> None:
+        from tqdm import tqdm
+
+        if text.strip():  # print writes its end ("\n") separately
+            tqdm.write(text.rstrip("\n"), file=sys.stderr)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def _evaluate(rollout_manager, rollout_id: int) -> dict:
     """The evaluation, announced, with a heartbeat and its result: it can last as long as several training steps
     while the progress bar stands still (the demo's 96 held-out episodes: about 50 s at step 39 of 40)."""
@@ -80,7 +94,7 @@ def _evaluate(rollout_manager, rollout_id: int) -> dict:
     sets = ", ".join(f"{name} ({len(dataset.samples)} tasks)" for name, dataset in rollout_manager.eval_sets.items())
     tqdm.write(f"train.py: evaluating {when}: {sets}", file=sys.stderr)
     started = time.monotonic()
-    with heartbeat(f"train.py: still evaluating {when}"):
+    with heartbeat(f"train.py: still evaluating {when}", stream=_BarSafeLines()):
         metrics = rollout_manager.evaluate(rollout_id)
     # Rounded for the reader; metrics.jsonl keeps every digit.
     results = "".join(f", {key.split('/')[1]} success {value:.2f}" for key, value in metrics.items()

@@ -116,3 +116,13 @@ def test_an_evaluation_says_it_runs_and_what_it_found(monkeypatch, capsys):
     assert re.fullmatch(r"train\.py: evaluated after step 39 in \d+ s, gridnav success 0\.56", lines[-1]), lines
     train._evaluate(Manager(), -1)
     assert capsys.readouterr().err.splitlines()[0] == "train.py: evaluating before training: gridnav (96 tasks)"
+    # Under the training bar, as in a run: every line starts a line of its own, none lands on the bar's end.
+    from tqdm import tqdm
+
+    bar = tqdm(total=2, desc="train", file=sys.stderr)
+    bar.update(1)
+    train._evaluate(Manager(), 0)
+    bar.close()
+    err = capsys.readouterr().err
+    assert err.count("train.py: still evaluating after step 0") >= 1, err
+    assert all(err[i - 1] in "\r\n" for i in (m.start() for m in re.finditer("train.py: ", err))), err
