@@ -354,12 +354,15 @@ def test_routing_replay_converts_a_batch_with_a_failed_episode(manager, monkeypa
     assert sorted(r["input_ids"] for r in prefills) == sorted(samples[i].tokens for i in failed)
 
 
-def test_a_generate_function_without_the_curriculum_fails_the_first_rollout_step(manager, monkeypatch, tmp_path):
-    (tmp_path / "tcod_single_turn.py").write_text("async def generate(args, sample, sampling_params):\n    return sample\n")
+def test_a_generate_function_without_the_curriculum_fails_the_first_rollout_step(
+    manager, monkeypatch, tmp_path, request
+):
+    (tmp_path / "tcod_single_turn.py").write_text(
+        "async def generate(args, sample, sampling_params):\n    return sample\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(sys.modules, "tcod_single_turn", None)  # the module slime loads leaves after
+    request.addfinalizer(lambda: sys.modules.pop("tcod_single_turn", None))  # the module slime loads leaves after
     run = manager("b2f", extra="--custom-generate-function-path tcod_single_turn.generate")  # the last one wins
-    sys.modules.pop("tcod_single_turn")
     with pytest.raises(RuntimeError, match="tcod_single_turn.generate did not play TCOD's curriculum for rollout 0"):
         run.train_data(0)
 
