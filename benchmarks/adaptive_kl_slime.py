@@ -299,6 +299,8 @@ def plan(a) -> list[dict]:
                 {**base, "phase": "controller", "ctrl": "adaptive", "beta": a.betas[0], "seed": a.seeds[0],
                  "target": a.targets[0], "horizon": a.horizon_x * len(PROMPTS) * N_PER_PROMPT,
                  "ref_beta": a.betas[0]}]
+    if a.only:
+        jobs = [j for j in jobs if j["ctrl"] == a.only]
     return jobs
 
 
@@ -323,6 +325,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--workers", type=int, default=1, help="train.py runs at a time")
+    p.add_argument("--only", choices=("fixed", "adaptive"), default=None, help="run only these rows of the phase")
+    p.add_argument("--run-timeout", type=int, default=5400, help="seconds one train.py run may take (train_cpu's "
+                   "default of 900 is for its short cases)")
     a = p.parse_args(argv)
     a.slime_dir = a.slime_dir.resolve()
     if not (a.slime_dir / "slime/utils/kl_controller.py").is_file():
@@ -336,9 +341,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    from tools.slime_pr import train_cpu_run
     from tools.slime_pr.train_cpu_run import harness_env, say
 
     a = parse_args(argv)
+    train_cpu_run.RUN_TIMEOUT = a.run_timeout  # run_train reads it at each heartbeat
     a.work.mkdir(parents=True, exist_ok=True)
     a.results.mkdir(parents=True, exist_ok=True)
     model, data = write_task(a.work / "task")
