@@ -274,7 +274,7 @@ def test_train_py_runs_opd_on_sglang_engines_it_starts(sglang, trained):
     records = trained["records"]
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
-        assert r["rollout/trained_tokens"] > 0 and r["opd/reverse_kl"] > 0  # the teacher scored the episodes
+        assert r["rollout/trained_tokens"] > 0 and r["opd/reverse_kl"] != 0  # the teacher scored the episodes
         # The engine's log-probs of the sampled tokens are the trainer's own (fp32 on both sides): at step 1 only
         # if the weights trained at step 0 reached the engine (stale weights differ by the update: > 1e-3).
         assert r[GAP] < 1e-3, r[GAP]
