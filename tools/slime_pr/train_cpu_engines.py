@@ -63,10 +63,13 @@ START_TIMEOUT_S = {"hf_engine": 240, "sglang": 900}
 # SGLang's CPU path (its server_args names): the CPU device, the torch-native attention and sampling, no CUDA graph,
 # no overlap scheduler (it needs CUDA streams), no warm-up request, a small KV pool. fp32 keeps its log-probs
 # within ~1e-6 of transformers'. --sleep-on-idle: an idle scheduler otherwise polls, and three of them took ~15% of a
-# core each while train.py started beside them on 2 cores.
+# core each while train.py started beside them on 2 cores. On a CPU SGLang checks its fraction against the machine's
+# free memory before and after loading the weights, so other processes allocating meanwhile count as the model's:
+# 0.05 failed ("Loaded weights leave no GPU memory for the KV cache ... above 0.098") with 3 servers starting
+# beside other work. The KV pool itself is --max-total-tokens, whatever the fraction.
 SGLANG_CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
                    "--disable-cuda-graph", "--disable-overlap-schedule", "--skip-server-warmup", "--sleep-on-idle",
-                   "--max-total-tokens", "8192", "--mem-fraction-static", "0.05", "--dtype", "float32")
+                   "--max-total-tokens", "8192", "--mem-fraction-static", "0.5", "--dtype", "float32")
 
 
 def make_checkpoints(out: Path, **shape) -> tuple[Path, Path]:

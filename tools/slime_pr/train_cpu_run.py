@@ -101,6 +101,10 @@ def harness_env(args) -> dict:
         "SLIME_ACCELERATOR": "cpu",
         "RAY_AUTH_MODE": "disabled",
         "RAY_raylet_start_wait_time_s": "180",
+        # Ray's memory monitor kills workers when the whole machine passes 95% of its memory, other people's
+        # processes included (a 2-core laptop running 3 SGLang servers beside other work got there): the kernel's
+        # limit is the one that holds here.
+        "RAY_memory_monitor_refresh_ms": "0",
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "WANDB_MODE": "disabled",

@@ -18,7 +18,8 @@
 #   7. adaptive-kl: kl_bit_identity.py (CPU-CI venv): pristine/'s and ported/'s advantages, returns and KL
 #      bit-identical when nothing new is asked (ppo, grpo, reinforce_plus_plus(_baseline)).
 #   8. opt-in (VERIFY_TRAIN_CPU=1): train_cpu.py, slime's own train.py on CPU: pristine-grpo on pristine/, the
-#      PR's cases on ported/ (tcod-f2b, tcod-b2f, tcod-megatron-teacher | kl-adaptive).
+#      PR's cases on ported/ (tcod-f2b, tcod-b2f, tcod-megatron-teacher, slime-engines | kl-adaptive), rolling out
+#      on real SGLang 0.5.15.post1 servers (TRAIN_CPU_ENGINE=hf_engine: this repository's stand-in instead).
 # tcod-core-only (the getter alone, PR.md's second path) runs steps 1, 3 and 5 (8: pristine-grpo only).
 # Exit status 0 only if every step passed; the last line sums them up.
 #
@@ -240,14 +241,16 @@ fi
 if [[ "${VERIFY_TRAIN_CPU:-0}" == 1 ]]; then
     step "slime's train.py on CPU: train_cpu.py (pristine-grpo on pristine/, the PR's cases on ported/)"
     case "$PR" in
-    tcod) TRAIN_CASES=(tcod-f2b tcod-b2f tcod-megatron-teacher) ;;
+    tcod) TRAIN_CASES=(tcod-f2b tcod-b2f tcod-megatron-teacher slime-engines) ;;
     adaptive-kl) TRAIN_CASES=(kl-adaptive) ;;
     tcod-core-only) TRAIN_CASES=() ;; # the example is not in the tree: slime's own GRPO only
     esac
     TRAIN_RESULTS=()
     for c in pristine-grpo "${TRAIN_CASES[@]}"; do
         tree="$TMP/ported" && [[ $c != pristine-grpo ]] || tree="$TMP/pristine"
-        "$PYTHON" "$HERE/train_cpu.py" "$tree" --case "$c" --out "$TMP/train-cpu-$c" 2>&1 | tee "$TMP/train-cpu-$c.log" |
+        engine=(--engine "${TRAIN_CPU_ENGINE:-sglang}") && [[ $c != slime-engines ]] || engine=()
+        "$PYTHON" "$HERE/train_cpu.py" "$tree" --case "$c" "${engine[@]}" --out "$TMP/train-cpu-$c" 2>&1 |
+            tee "$TMP/train-cpu-$c.log" |
             tail -1 || true
         if [[ "$(tail -1 "$TMP/train-cpu-$c.log")" == "train_cpu $c: ok"* ]]; then TRAIN_RESULTS+=("$c ok"); else
             TRAIN_RESULTS+=("$c FAILED") && bad; fi
