@@ -28,6 +28,8 @@ def main(argv=None) -> int:
         parser.error("--hf-checkpoint is required: the model to serve")
     cmd = build_engine_command(args, model_path=args.hf_checkpoint, host=args.engine_host, port=args.port)
     parent = args.parent_pid or os.getppid()
+    if parent == 1:  # started by a process that is gone already: nothing to die with
+        parser.error("this command's parent is gone (pid 1): start it from the script it serves, or pass --parent-pid")
     if "--parent-pid" in cmd:  # the hf_engine's own watchdog
         cmd[cmd.index("--parent-pid") + 1] = str(parent)
     env = dict(os.environ, **(engine_env(cmd) or {}))
