@@ -196,7 +196,7 @@ def test_launches(slime_dir: Path, keep_dir: Path) -> list[Launch]:
             launch = Launch(name, [], str(slime_dir), env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
             try:
                 with contextlib.redirect_stdout(io.StringIO()):  # the test's own progress prints
-                    module.execute(tcod_mode, opd_type)
+                    module.execute(tcod_mode, opd_type, *module._get_gpu_split(opd_type))  # as its __main__
                 launch.problems.append("execute() returned without calling U.execute_train")
             except _Captured:
                 launch.argv = _model_args(slime_dir, seen["model_type"]) + shlex.split(seen["train_args"])
