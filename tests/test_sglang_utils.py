@@ -55,7 +55,7 @@ def test_sglang_command_on_a_cpu_gets_sglang_cpu_settings():
     assert flags["--device"] == "cpu" and flags["--attention-backend"] == "torch_native"
     assert flags["--sampling-backend"] == "pytorch" and flags["--dtype"] == "float32"
     assert {"--disable-cuda-graph", "--disable-overlap-schedule", "--skip-server-warmup"} <= set(cmd)
-    assert int(flags["--max-total-tokens"]) > 0 and float(flags["--mem-fraction-static"]) < 0.5
+    assert int(flags["--max-total-tokens"]) > 0 and 0 < float(flags["--mem-fraction-static"]) < 1
     assert "--base-gpu-id" not in cmd and engine_env(cmd) == {"SGLANG_USE_CPU_ENGINE": "1"}
     # Without cpu=, this process's devices decide: this machine has none.
     assert "--device" in build_engine_command(args, port=1) or cuda_present()

@@ -78,7 +78,11 @@ def find_free_port(host: str = "127.0.0.1", max_port: int = MAX_ENGINE_PORT) -> 
 # rule would reserve a share of the machine's RAM). float32, as the trainer computes on a CPU.
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 CPU_MAX_TOTAL_TOKENS = 32768
-CPU_MEM_FRACTION_STATIC = 0.05
+# With the pool sized by --max-total-tokens, the fraction only enters SGLang's start-up check that the free memory
+# it measured before loading the weights, less what it measures after, leaves that fraction: on a machine whose
+# other processes allocate meanwhile, 0.05 failed ("Loaded weights leave no GPU memory for the KV cache ... Raise
+# --mem-fraction-static above 0.132", with 1.3 GB free), so the CPU default tolerates such swings.
+CPU_MEM_FRACTION_STATIC = 0.5
 
 
 # Tried on SGLang 0.5.15.post1 (docs/en/engines.md): its deterministic mode accepts only the flashinfer, fa3, triton
