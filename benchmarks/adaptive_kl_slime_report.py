@@ -71,6 +71,17 @@ def beta_moved(row: dict) -> bool:
     return (max(betas) - min(betas)) > BETA_MOVED_RTOL * max(abs(b) for b in betas)
 
 
+def incomplete(results: Path) -> list[dict]:
+    """Runs that ended early (killed, timed out): not scored, listed with what they reached."""
+    out = []
+    for line in (results / "runs.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if not (row.get("rc") == 0 and row.get("steps_done", 0) >= row["steps"]):
+                out.append(row)
+    return out
+
+
 def load(results: Path) -> tuple[list[dict], dict]:
     rows = []
     for line in (results / "runs.jsonl").read_text().splitlines():
@@ -108,7 +119,7 @@ def gate(rows: list[dict], cf: dict) -> dict:
                       "reward": [statistics.fmean(second_half([s.get("reward", math.nan) for s in r["per_step"]]))
                                  for r in runs],
                       "degenerate_at": degs, "steps": runs[0]["steps"], "lr": runs[0]["lr"]})
-    falls = all(b[1] > c[1] for b, c in zip(means, means[1:]))
+    falls = len(means) >= 2 and all(b[1] > c[1] for b, c in zip(means, means[1:]))  # one beta proves nothing
     return {"table": table, "falls": falls, "degenerate": degenerate, "outside_2x": outside,
             "passed": bool(table) and falls and not degenerate and not outside}
 
@@ -166,10 +177,11 @@ def verdict_lines(g: dict, c: dict) -> list[str]:
     lines = []
     if g["table"]:
         t = g["table"]
-        lines.append(f"Gate ({len(t)} fixed betas x seeds {t[0]['seeds']}, {t[0]['steps']} steps, lr {t[0]['lr']:g}): "
-                     + ("passed" if g["passed"] else "FAILED") + f"; plateau falls as beta rises: "
-                     + ("yes" if g["falls"] else "no") + f"; degenerate runs: {len(g['degenerate'])}; "
-                     f"plateaus outside 2x of the closed form: {len(g['outside_2x'])}.")
+        state = "passed" if g["passed"] else "INCOMPLETE (under 2 fixed betas finished)" if len(t) < 2 else "FAILED"
+        lines.append(f"Gate ({len(t)} fixed beta(s) finished, seeds {t[0]['seeds']}, {t[0]['steps']} steps, lr "
+                     f"{t[0]['lr']:g}): {state}; plateau falls as beta rises: "
+                     + ("yes" if g["falls"] else "no" if len(t) > 1 else "-") + f"; degenerate runs: "
+                     f"{len(g['degenerate'])}; plateaus outside 2x of the closed form: {len(g['outside_2x'])}.")
     if c["stuck"]:
         lines.append(f"BETA DID NOT MOVE in {len(c['stuck'])} adaptive run(s) (target, seed, start, horizon: "
                      f"{c['stuck']}): the controller's update is off, those rows are a fixed beta.")
@@ -182,6 +194,21 @@ def verdict_lines(g: dict, c: dict) -> list[str]:
                    f"{c['failed']}") if c["failed"] else "the coefficient did not move"
             lines.append(f"Controller: NOT passed; {why}.")
     return lines
+
+
+def incomplete_md(rows: list[dict], cf: dict) -> list[str]:
+    if not rows:
+        return []
+    md = ["## Runs that ended early (not scored)", "", "| run | exit | steps reached | KL over the last half of "
+          "those steps | / closed form |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        kls = [s["kl"] for s in r["per_step"]]
+        why = {124: "124 (the per-run time limit)"}.get(r.get("rc"), str(r.get("rc")))
+        tail = statistics.fmean(second_half(kls)) if kls else None
+        closed = _cf(cf, r["beta"]) if r["ctrl"] == "fixed" else None
+        ratio = f"{tail / closed['kl']:.2f}" if tail is not None and closed else "-"
+        md.append(f"| {r['key']} | {why} | {len(kls)} of {r['steps']} | {_f(tail)} | {ratio} |")
+    return md + [""]
 
 
 def tables_md(g: dict, c: dict) -> str:
@@ -270,7 +297,7 @@ def main(argv=None) -> int:
         return 2
     rows, cf = load(a.results)
     g, c = gate(rows, cf), controller(rows)
-    (a.results / "tables.md").write_text(tables_md(g, c) + "\n")
+    (a.results / "tables.md").write_text(tables_md(g, c) + "\n" + "\n".join(incomplete_md(incomplete(a.results), cf)))
     (a.results / "summary.json").write_text(json.dumps({"gate": g, "controller": c,
                                                         "verdict": verdict_lines(g, c)}, indent=1) + "\n")
     plot(rows, a.plot or a.results / "kl_beta.png")

@@ -3,7 +3,7 @@
 Megatron is stubbed as in the other CPU tests (``megatron.core.mpu`` from ``_cp_dist_helpers``), and so are the
 model, its forward passes and the weight updater; the actor's code between them runs as it is: the controller it
 builds, the coefficient it hands to ``compute_advantages_and_returns``, the KL it reduces and the step it takes on
-every rank, the state it saves with a checkpoint and restores on ``--load``. A default ``--kl-ctrl fixed`` run must
+every rank, the state it saves with a checkpoint. A default ``--kl-ctrl fixed`` run must
 stay as before: no controller, no extra collective, no extra file, the same advantages and metrics.
 """
 
@@ -238,21 +238,7 @@ def _adaptive_run(actor_module, rank, save_dir):
         steps.append(dict(coef_before=coef_before, slopes=slopes, value_after=value_after, metrics=_Calls.perf[-1]))
     actor.save_model(SAVED_ROLLOUT)
     critic = _new_actor(actor_module, _args(save_dir), role="critic")
-
-    # The resume: a new actor loads the checkpoint of SAVED_ROLLOUT (under --ci-test, which asserts too).
-    _Calls.loaded_rollout_id = SAVED_ROLLOUT
-    resumed = _new_actor(actor_module, _args(save_dir, load=save_dir, ci_test=True))
-    restored = resumed.kl_ctrl.value
-    rollout_data, _ = _train_step(resumed, rank, SAVED_ROLLOUT + 1)
-    resumed_slopes = _reward_side_kl_coefficient(rollout_data)
-    return dict(
-        steps=steps,
-        saved=_Calls.saved,
-        critic_kl_ctrl=critic.kl_ctrl,
-        restored=restored,
-        resumed_slopes=resumed_slopes,
-        resumed_value=resumed.kl_ctrl.value,
-    )
+    return dict(steps=steps, saved=_Calls.saved, critic_kl_ctrl=critic.kl_ctrl)
 
 
 def _fixed_run(actor_module, rank, save_dir):
@@ -361,18 +347,13 @@ def test_every_rank_steps_the_controller_with_the_kl_of_all_ranks(adaptive_run):
     assert results[0]["critic_kl_ctrl"] is None  # the critic's kl_coef is 0: it has no controller
 
 
-def test_the_state_is_saved_with_its_rollout_and_restored_on_load(adaptive_run):
+def test_the_state_is_saved_with_its_rollout(adaptive_run):
+    # Restoring it is train_cpu's kl-adaptive case (slime's own actor, a resume) and test_kl_controller_cp.py.
     results, save_dir = adaptive_run
     _, last = _expected_coefficients(INIT, 0, STEPS)
     assert sorted(os.listdir(save_dir / "kl_ctrl")) == [f"kl_ctrl_state_dict_{SAVED_ROLLOUT}.json"]
     state = json.loads((save_dir / "kl_ctrl" / f"kl_ctrl_state_dict_{SAVED_ROLLOUT}.json").read_text())
-    assert state["value"] == pytest.approx(last, rel=1e-12)
-    _, resumed = _expected_coefficients(last, SAVED_ROLLOUT + 1, 1)
-    for r in results:
-        assert r["saved"] == [SAVED_ROLLOUT]
-        assert r["restored"] == state["value"]
-        assert r["resumed_slopes"] == pytest.approx([state["value"]] * len(r["resumed_slopes"]), rel=2e-3)
-        assert r["resumed_value"] == pytest.approx(resumed, rel=1e-12)
+    assert state["value"] == pytest.approx(last, rel=1e-12) and all(r["saved"] == [SAVED_ROLLOUT] for r in results)
 
 
 def test_a_fixed_run_builds_no_controller_and_no_collective(tmp_path):

@@ -294,21 +294,15 @@ def check_reward_kl_coef(args, rollout_data, kl_coef: float, rollout_id: int) ->
             kl.append(all_gather_with_cp(sample_kl, total_length, response_length).double()[:-1])
     growth, kl = torch.cat(growth), torch.cat(kl)
     kl_square_sum = (kl * kl).sum().item()
-    if kl_square_sum == 0:
-        assert rollout_id == 0, f"rollout {rollout_id}: no KL to fit, so the check of the KL coefficient proves nothing"
-        logger.info("check_reward_kl_coef: rollout 0, the actor equals its reference (KL 0): nothing to fit")
-        return
+    if kl_square_sum == 0:  # the actor still equals its reference: allowed at rollout 0 only
+        assert rollout_id == 0, f"rollout {rollout_id}: no KL to fit, the KL coefficient check proves nothing"
+        return logger.info("check_reward_kl_coef: rollout 0, KL 0 (actor = reference): nothing to fit")
     slope = (growth * kl).sum().item() / kl_square_sum
     residual = (growth - slope * kl).square().sum().item() / max(len(kl) - 1, 1)
     tolerance = 1e-3 * kl_coef + 6 * math.sqrt(residual / kl_square_sum)
-    logger.info(
-        f"check_reward_kl_coef: rollout {rollout_id}: fitted {slope:.6g}, controller {kl_coef:.6g}, "
-        f"tolerance {tolerance:.2g}"
-    )
-    assert abs(slope - kl_coef) <= tolerance, (
-        f"PPO's rewards were shaped with a KL coefficient of {slope:.6g}, not the controller's {kl_coef:.6g} "
-        f"(tolerance {tolerance:.2g})"
-    )
+    fit = f"fitted KL coefficient {slope:.6g}, controller's {kl_coef:.6g}, tolerance {tolerance:.2g}"
+    logger.info(f"check_reward_kl_coef: rollout {rollout_id}: {fit}")
+    assert abs(slope - kl_coef) <= tolerance, f"PPO's rewards were not shaped with the controller's value: {fit}"
 '''
 _WANDB = '    wandb.define_metric("perf/*", step_metric="rollout/step")\n'
 _WANDB_NEW = _WANDB + '    wandb.define_metric("kl_ctrl/*", step_metric="rollout/step")\n'
