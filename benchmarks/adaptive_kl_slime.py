@@ -130,16 +130,21 @@ def closed_form(samples: list[list[tuple[int, int]]], beta: float) -> dict:
 
 
 def ensure_closed_form(results: Path, model: Path, betas: list[float], n_per_prompt: int) -> dict:
+    """``closed_form.json``: the reference answers' (vowel count, length) per prompt, sampled once, and the closed
+    form at every ``beta`` asked so far (a new ``beta`` needs no new samples)."""
     path = results / "closed_form.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
-    if cached.get("n_per_prompt") != n_per_prompt:
-        cached = {"n_per_prompt": n_per_prompt, "rows": {}}
-    missing = [b for b in betas if f"{b:g}" not in cached["rows"]]
-    if missing:
+    if cached.get("n_per_prompt") != n_per_prompt or "samples" not in cached:
         samples = sample_reference(model, n_per_prompt)
-        counts = [sum(1 for rows in samples for k, _ in rows if k == c) for c in range(task.ANSWER_CHARS + 1)]
-        cached["vowel_count_histogram"] = counts
-        for b in sorted(set(betas) | {float(x) for x in cached["rows"]}):
+        cached = {"n_per_prompt": n_per_prompt, "rows": {},
+                  "vowel_count_histogram": [sum(1 for rows in samples for k, _ in rows if k == c)
+                                            for c in range(task.ANSWER_CHARS + 1)],
+                  # per prompt: [vowel count, length, how many]
+                  "samples": [[[k, n, rows.count((k, n))] for k, n in sorted(set(rows))] for rows in samples]}
+    missing = [b for b in betas if f"{b:g}" not in cached["rows"]]
+    if missing or not path.is_file():
+        samples = [[(k, n) for k, n, c in prompt for _ in range(c)] for prompt in cached["samples"]]
+        for b in missing:
             cached["rows"][f"{b:g}"] = closed_form(samples, b)
         results.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(cached, indent=1) + "\n")
@@ -191,6 +196,7 @@ def train_flags(cfg: dict, model: Path, data: Path, out: Path, engine_flags: lis
 def _start_engine(model: Path, log_dir: Path):
     from tools.slime_pr import train_cpu_engines as engines
 
+    engines.START_TIMEOUT_S = max(engines.START_TIMEOUT_S, 900)  # its 180 s ran out at a load of 150-350
     kwargs = {"students": 1}
     if "engine" in inspect.signature(engines.start_engines).parameters:
         kwargs["engine"] = "hf_engine"
@@ -379,12 +385,17 @@ def main(argv=None) -> int:
 
     def one(cfg: dict) -> None:
         say(f"start {run_key(cfg)}")
-        row = run_one(cfg, a.slime_dir, a.work, model, data, env)
+        try:
+            row = run_one(cfg, a.slime_dir, a.work, model, data, env)
+        except Exception as exc:  # the engine did not start, ...: a row that says so, and the next run
+            row = {**cfg, "key": run_key(cfg), "rc": None, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                   "steps_done": 0, "per_step": [], "seconds": None, "load_start": None}
         with lock, open(runs_file, "a") as fh:
             fh.write(json.dumps(row) + "\n")
         last = row["per_step"][-1] if row["per_step"] else {}
-        say(f"  {row['key']}: rc {row['rc']}, {row['steps_done']} steps, {row['seconds']:.0f}s (load "
-            f"{row['load_start']}); last KL {last.get('kl', float('nan')):.4g}, beta {last.get('beta_fit')}")
+        say(f"  {row['key']}: rc {row['rc']}, {row['steps_done']} steps, {row['seconds']}s (load "
+            f"{row['load_start']}); last KL {last.get('kl', float('nan')):.4g}, beta {last.get('beta_fit')}"
+            + (f"; {row['error']}" if row.get("error") else ""))
 
     with ThreadPoolExecutor(max_workers=a.workers) as pool:
         for future in [pool.submit(one, cfg) for cfg in todo]:
