@@ -14,6 +14,7 @@ against a teacher recomputed here, finite losses, the resume at the next step an
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tools.slime_pr import train_cpu_checks as checks
@@ -112,8 +113,9 @@ def _check_run(out: Path, run: Run, tokenizer, teacher, *, mode: str, opd_type: 
 
 # slime-engines: slime's RolloutManager starts this many SGLang engines itself, one (fake) GPU each, beside the
 # trainer's NUM_GPUS; the CPU settings reach them as slime's --sglang-* flags (slime hands every ServerArgs field it
-# finds as args.sglang_<field> to the engine it launches).
-SLIME_ENGINES = 2
+# finds as args.sglang_<field> to the engine it launches). One: each SGLang server takes ~2.9 GB, and the teacher's
+# is a second one (TRAIN_CPU_SLIME_ENGINES=2 runs two behind slime's router).
+SLIME_ENGINES = int(os.environ.get("TRAIN_CPU_SLIME_ENGINES", "1"))
 
 
 def slime_engine_flags() -> list[str]:
