@@ -213,6 +213,18 @@ def test_a_pr_line_naming_the_runtime_is_reported_with_file_and_line(tmp_path):
     assert {"hanoi", "make_env", "tcod_prefix_source", "engine_limits"} <= {n.lower() for n in verify_pr.RUNTIME_NAMES}
 
 
+def test_a_pointer_to_the_standalone_repository_may_name_its_runtime():
+    # A Markdown line naming slime-tcod, and the code block its paragraph introduces, say what is found there;
+    # the same names elsewhere, in another block or in code, are still reported.
+    readme = ("# Example\n\nScienceWorld runs in slime-tcod:\n```bash\npython -m examples.agent_envs.make_data\n```\n"
+              "Then:\n```bash\npython -m examples.agent_envs.make_data\n```\n")
+    added = list(enumerate(readme.splitlines(), 1))
+    assert verify_pr.pointer_lines(readme) == {3, 5}
+    assert verify_pr.runtime_name_hits("README.md", added, readme) == ["README.md:9: 'examples.agent_envs'"]
+    assert verify_pr.runtime_name_hits("run.py", [(1, "# slime-tcod's ScienceWorld")]) == [
+        "run.py:1: 'slime-tcod'", "run.py:1: 'ScienceWorld'"]
+
+
 def test_runtime_names_match_whole_words_only():
     lines = [(1, "args.rollout_engine_urls[0]"), (2, "the demonstration"), (3, "see the demo."), (4, "my_make_env()")]
     assert verify_pr.runtime_name_hits("f.py", lines) == ["f.py:1: 'rollout_engine_urls'", "f.py:3: 'the demo'"]

@@ -146,11 +146,28 @@ def diff_stats(pristine: Path, ported: Path) -> dict[str, tuple[list[tuple[int, 
     return files
 
 
-def runtime_name_hits(rel: str, added: list[tuple[int, str]]) -> list[str]:
-    """``file:line: 'name'`` for every runtime name on a line the PR adds to ``rel``."""
+def pointer_lines(markdown: str) -> set[int]:
+    """1-based numbers of the Markdown lines that point to the standalone repository: those naming it, and the
+    lines of a fenced code block whose paragraph before it names it (its commands run there)."""
+    lines, exempt, fence, pointer = markdown.splitlines(), set(), False, False
+    for number, text in enumerate(lines, 1):
+        if text.lstrip().startswith("```"):
+            if not fence:
+                before = next((t for t in reversed(lines[: number - 1]) if t.strip()), "")
+                pointer = bool(STANDALONE.search(before))
+            fence = not fence
+            continue
+        if STANDALONE.search(text) or (fence and pointer):
+            exempt.add(number)
+    return exempt
+
+
+def runtime_name_hits(rel: str, added: list[tuple[int, str]], text: str | None = None) -> list[str]:
+    """``file:line: 'name'`` for every runtime name on a line the PR adds to ``rel`` (``text``: its new content)."""
     hits = []
+    exempt = pointer_lines(text) if rel.endswith(".md") and text is not None else set()
     for number, text in added:
-        if rel.endswith(".md") and STANDALONE.search(text):
+        if number in exempt:
             continue
         for match in _RUNTIME_NAME.finditer(text):
             if match.group(1).lower() in OFFICIAL_BENCHMARKS and OFFICIAL_CITATION.search(text):
@@ -249,7 +266,8 @@ def main(argv=None) -> int:
               if (limit is not None and r > limit) or (r and not (ported / rel).exists())}
     check(not shrunk, "no upstream file replaced" + (f" or losing more than {limit} lines" if limit is not None else "")
           + f" {shrunk or ''}")
-    hits = [hit for rel, (lines, _) in files.items() for hit in runtime_name_hits(rel, lines)]
+    hits = [hit for rel, (lines, _) in files.items()
+            for hit in runtime_name_hits(rel, lines, (ported / rel).read_text() if rel.endswith(".md") else None)]
     check(not hits, f"no PR line names this repository's runtime (RUNTIME_NAMES): {len(hits)} hits")
     for hit in hits:
         print(f"      {hit}")
