@@ -196,7 +196,9 @@ def train_flags(cfg: dict, model: Path, data: Path, out: Path, engine_flags: lis
 def _start_engine(model: Path, log_dir: Path):
     from tools.slime_pr import train_cpu_engines as engines
 
-    engines.START_TIMEOUT_S = max(engines.START_TIMEOUT_S, 900)  # its 180 s ran out at a load of 150-350
+    # Its start limit (a number, or one per engine kind) ran out at a load of 150-350 and lost a run.
+    limit = engines.START_TIMEOUT_S
+    engines.START_TIMEOUT_S = {k: max(v, 900) for k, v in limit.items()} if isinstance(limit, dict) else max(limit, 900)
     kwargs = {"students": 1}
     if "engine" in inspect.signature(engines.start_engines).parameters:
         kwargs["engine"] = "hf_engine"
