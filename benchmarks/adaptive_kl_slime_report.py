@@ -204,6 +204,8 @@ def incomplete_md(rows: list[dict], cf: dict) -> list[str]:
     for r in rows:
         kls = [s["kl"] for s in r["per_step"]]
         why = {124: "124 (the per-run time limit)"}.get(r.get("rc"), str(r.get("rc")))
+        if r.get("error"):
+            why = f"train.py not started: {r['error'].splitlines()[0][:80]}"
         tail = statistics.fmean(second_half(kls)) if kls else None
         closed = _cf(cf, r["beta"]) if r["ctrl"] == "fixed" else None
         ratio = f"{tail / closed['kl']:.2f}" if tail is not None and closed else "-"

@@ -345,9 +345,7 @@ def test_ci_check_finds_the_coefficient_the_rewards_were_shaped_with(loss_module
         check_reward_kl_coef(_args("ppo", 0.05), data, 0.05, 1)  # --kl-coef, not the value handed in
     with pytest.raises(AssertionError, match="gamma 1"):  # returns are no sums of rewards: no fit possible
         check_reward_kl_coef(Namespace(gamma=0.9, lambd=1.0), data, 0.05, 1)
-    # No KL to fit (a policy equal to its reference): allowed at rollout 0 only, where that is expected.
-    zero = _rollout(4)
-    zero["ref_log_probs"] = [lp.clone() for lp in zero["log_probs"]]
+    zero = {**_rollout(4), "ref_log_probs": _rollout(4)["log_probs"]}  # no KL to fit: allowed at rollout 0 only
     loss_module.compute_advantages_and_returns(_args("ppo", 0.05), zero, kl_coef=0.3)
     check_reward_kl_coef(_args("ppo", 0.05), zero, 0.3, 0)
     with pytest.raises(AssertionError, match="no KL to fit"):

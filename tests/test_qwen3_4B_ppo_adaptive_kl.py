@@ -1,11 +1,8 @@
 """PPO with --kl-ctrl adaptive, then a resume from its checkpoint.
 
-Under --ci-test the actor asserts, at every step, that the PPO rewards were shaped with the controller's coefficient
-(``check_reward_kl_coef``: the growth of the returns from token to token fitted against the per-token KL, with the
-default gamma = lambd = 1; it logs the fitted slope, the controller's value and the tolerance, and fails when there
-is no KL to fit after rollout 0, where the actor still equals its reference), after every step that the coefficient
-is the same on every rank, and on resume that the controller state of the loaded rollout was restored. It does not
-check the direction of each update (tests/test_kl_controller.py does, and train_cpu's kl-adaptive case on CPU).
+Under --ci-test the actor asserts at every step that the PPO rewards were shaped with the controller's coefficient
+(``check_reward_kl_coef`` logs the fitted slope and its tolerance; no KL to fit fails after rollout 0), that the
+coefficient is the same on every rank, and on resume that the controller state of the loaded rollout was restored.
 """
 
 import os

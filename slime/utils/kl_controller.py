@@ -40,9 +40,8 @@ class AdaptiveKLController:
         self.horizon = float(horizon)
 
     def update(self, current_kl, n_steps):
-        """Apply one step's observation; returns the ``kl_ctrl/*`` metrics: ``kl_ctrl/coef`` is the value this step's
-        rewards used (the one before the update), ``kl_ctrl/next_coef`` the one the next step uses. A non-finite KL
-        is refused. ``n_steps`` is at most ``horizon`` (``slime_validate_args``), so the value stays > 0."""
+        """One step's update; returns the ``kl_ctrl/*`` metrics (``kl_ctrl/coef``: the value this step used,
+        ``kl_ctrl/next_coef``: the updated one). A non-finite KL is refused; validation keeps n_steps <= horizon."""
         if not math.isfinite(current_kl):
             raise ValueError(f"observed KL is not finite ({current_kl}); the KL coefficient is left unchanged")
         _check_positive("n_steps", n_steps)
