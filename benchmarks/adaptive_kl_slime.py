@@ -28,7 +28,11 @@ Every run appends a row to ``{results}/runs.jsonl`` (a row already there is not 
 ``benchmarks/adaptive_kl_slime_report.py`` writes ``tables.md``, ``summary.json`` and the plot from the rows.
 
     MEGATRON_LM_DIR=/tmp/megatron-lm nice -n 10 .venv/bin/python benchmarks/adaptive_kl_slime.py SLIME_KL_DIR \\
-        --phase gate --betas 0.1 0.2 0.4 --seeds 1 2 --steps 30
+        --phase gate --betas 0.15 0.2 0.3 --seeds 1 --steps 24
+    MEGATRON_LM_DIR=/tmp/megatron-lm nice -n 10 .venv/bin/python benchmarks/adaptive_kl_slime.py SLIME_KL_DIR \\
+        --phase controller --targets 0.17 --ref-betas 0.2 --seeds 1 --control-seeds 1 --steps 40
+
+docs/en/advanced/adaptive-kl.md has what these gave, what was cut and why.
 """
 
 from __future__ import annotations
@@ -326,7 +330,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--control-seeds", type=int, nargs="*", default=[1])
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--start-factor", type=float, default=2.0)
     p.add_argument("--horizon-x", type=float, default=16.0, help="horizon in multiples of a step's 64 samples")
     p.add_argument("--control-horizon-x", type=float, default=4.0)
