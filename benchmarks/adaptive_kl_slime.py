@@ -140,6 +140,7 @@ def ensure_closed_form(results: Path, model: Path, betas: list[float], n_per_pro
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if cached.get("n_per_prompt") != n_per_prompt or "samples" not in cached:
         samples = sample_reference(model, n_per_prompt)
+        betas = [*betas, *(float(b) for b in cached.get("rows", {}))]  # the same seed: the same samples
         cached = {"n_per_prompt": n_per_prompt, "rows": {},
                   "vowel_count_histogram": [sum(1 for rows in samples for k, _ in rows if k == c)
                                             for c in range(task.ANSWER_CHARS + 1)],
