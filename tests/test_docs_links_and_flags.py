@@ -73,6 +73,8 @@ OUTSIDE = {
         # its CPU settings, which the launcher adds where there is no CUDA device (docs/en/engines.md)
         "--device", "--attention-backend", "--sampling-backend", "--disable-cuda-graph", "--disable-overlap-schedule",
         "--skip-server-warmup", "--max-total-tokens", "--dtype",
+        # the harness adds it too: an idle scheduler otherwise polls (tools/slime_pr/train_cpu_engines.py)
+        "--sleep-on-idle",
     },
     # python -m sglang_router.launch_router (sglang-router 0.3.2), which the runtime starts in front of engines.
     "sglang-router": {"--worker-urls", "--policy", "--host", "--port"},
@@ -134,6 +136,7 @@ def commands() -> dict[str, set[str]]:
         "tcod_report": _ast_flags("scripts/tcod_report.py"),
         "sft_eval": _ast_flags("scripts/sft_eval.py"),
         "port.py": _ast_flags("tools/slime_pr/port.py"),
+        "train_cpu": _ast_flags("tools/slime_pr/train_cpu.py"),
         "check_launch_flags": _ast_flags("tools/slime_pr/check_launch_flags.py"),
         "rehearsal": _ast_flags("scripts/rehearsal.py"),
         "rehearse_launch": _ast_flags("tools/slime_pr/rehearse_launch.py"),
@@ -162,6 +165,7 @@ MARKERS = [
     (re.compile(r"tcod_report"), "tcod_report"),
     (re.compile(r"scripts\.sft_eval"), "sft_eval"),
     (re.compile(r"tools/slime_pr/port\.py"), "port.py"),
+    (re.compile(r"\btrain_cpu\.py\b"), "train_cpu"),
     (re.compile(r"check_launch_flags"), "check_launch_flags"),
     (re.compile(r"scripts\.rehearsal\b|scripts/rehearsal\.py"), "rehearsal"),
     (re.compile(r"rehearse_launch"), "rehearse_launch"),
