@@ -82,7 +82,8 @@ def test_an_install_stage_prints_while_pip_runs_and_keeps_its_exit_status():
     failed = stage("exit 3")
     assert failed.returncode == 3 and failed.stdout.splitlines()[-1].endswith("make venv: 3/5 torch: failed (exit 3)")
     makefile = (ROOT / "Makefile").read_text()
-    assert makefile.count("$(PROGRESS) ") == 4  # every pip install: pip, torch, megatron-core, the dependencies
+    # every install: pip, torch, megatron-core, the dependencies, and SGLang's own venv (make sglang-env)
+    assert makefile.count("$(PROGRESS) ") == 5
 
 
 def test_waiting_for_a_server_says_so(monkeypatch, capsys):
