@@ -158,6 +158,7 @@ def controller(rows: list[dict]) -> dict:
                     line["passes"] = in_band >= ref_in - MARGIN and dev <= ref_dev + MARGIN
                     if r["phase"] != "control":
                         verdicts.append(line["passes"])
+                        out.setdefault("scored", []).append((target, r["seed"], r["beta"]))
                         if not line["passes"]:
                             out["failed"].append((target, r["seed"], r["beta"]))
             lines.append(line)
@@ -187,8 +188,10 @@ def verdict_lines(g: dict, c: dict) -> list[str]:
                      f"{c['stuck']}): the controller's update is off, those rows are a fixed beta.")
     if c["passed"] is not None:
         if c["passed"]:
-            lines.append("Controller: every adaptive run at the main horizon, from both starts, on every seed, scored "
-                         f"no worse than the fixed reference beta + {MARGIN} (in band and mean deviation).")
+            scored = c.get("scored", [])
+            lines.append(f"Controller: all {len(scored)} adaptive run(s) at the main horizon (target, seed, start: "
+                         f"{scored}) scored no worse than the fixed reference beta + {MARGIN} (in band and mean "
+                         "deviation).")
         else:
             why = (f"{len(c['failed'])} adaptive run(s) scored worse than the fixed reference beta + {MARGIN}: "
                    f"{c['failed']}") if c["failed"] else "the coefficient did not move"
