@@ -102,10 +102,20 @@ def test_engines_get_the_flag_exactly_when_asked():
     assert not engine_args(["--model-path", "m"]).enable_deterministic_inference
     for backend in ("hf_engine", "sglang"):
         base = ["--hf-checkpoint", "/models/m", "--rollout-backend", backend]
-        on = build_engine_command(parse_args(argv=base + ["--sglang-enable-deterministic-inference"]), port=1)
-        off = build_engine_command(parse_args(argv=base), port=1)
+        # cpu=False: SGLang's GPU command (on a CPU SGLang refuses its deterministic mode: the test below)
+        on = build_engine_command(parse_args(argv=base + ["--sglang-enable-deterministic-inference"]), port=1,
+                                  cpu=False)
+        off = build_engine_command(parse_args(argv=base), port=1, cpu=False)
         assert on.count("--enable-deterministic-inference") == 1
         assert "--enable-deterministic-inference" not in off
+
+
+def test_sglang_on_a_cpu_refuses_deterministic_mode_before_starting():
+    from slime.backends.sglang_utils.launcher import EngineLaunchError
+
+    argv = ["--hf-checkpoint", "/models/m", "--rollout-backend", "sglang", "--sglang-enable-deterministic-inference"]
+    with pytest.raises(EngineLaunchError, match="on a CPU"):
+        build_engine_command(parse_args(argv=argv), port=1, cpu=True)
 
 
 # ---------------------------------------------------------------------------- two train.py runs
