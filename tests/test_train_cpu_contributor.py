@@ -170,3 +170,19 @@ def test_main_sweeps_what_a_case_left_running(tmp_path, monkeypatch, capsys):
     assert left["p"].wait(timeout=15) == -signal.SIGTERM
     assert "ended 1 process(es)" in capsys.readouterr().out
     assert train_cpu_reaper.ENV_KEY not in os.environ
+
+
+def test_a_failed_run_quotes_what_the_engines_logged(tmp_path):
+    """An engine refuses a request with an HTTP 500 and logs why; the case's one line carries the engine's reason."""
+    log, engine_log = tmp_path / "train.log", tmp_path / "sglang_student0.log"
+    log.write_text("httpx.HTTPStatusError: Server error '500 Internal Server Error' for url 'http://r/generate'\n")
+    engine_log.write_text("Traceback (most recent call last):\n  File x\n"
+                          "TypeError: Unexpected keyword argument 'stop_on_goal'\nINFO: next\n")
+    run = train_cpu_run.Run("first", [], log, rc=1, seconds=3.0)
+    with pytest.raises(train_cpu_run.CaseFailed) as exc:
+        train_cpu_run.require_ok(run, {"sglang student0": engine_log})
+    assert "the engines logged: sglang student0: TypeError: Unexpected keyword argument 'stop_on_goal'" in str(
+        exc.value)
+    with pytest.raises(train_cpu_run.CaseFailed) as exc:
+        train_cpu_run.require_ok(run)
+    assert "engines logged" not in str(exc.value)
