@@ -83,7 +83,7 @@ def test_gpu_script_spells_sglang_flags_out_and_keeps_the_teacher_outside_ray():
     import re
 
     script = (Path(__file__).parents[1] / "scripts/run-qwen3-8B-tcod-runtime.sh").read_text()
-    launch = script[script.index("-m sglang.launch_server"):script.index("> \"${SAVE%/}.teacher.log\"")]
+    launch = script[script.index("-m sglang.launch_server"):script.index("> \"${TEACHER_LOG}\"")]
     flags = set(re.findall(r"(--[a-z-]+)", launch))
     # Full SGLang 0.5.23 names only: "--tp" worked only as an argparse abbreviation of --tp-size.
     assert flags <= {"--model-path", "--host", "--port", "--tp-size", "--mem-fraction-static"}, flags
