@@ -266,6 +266,7 @@ def test_consumer_keys_cover_what_the_shipped_code_reads():
     # slime's --rollout-sample-hook-path (which --use-tcod extends; this runtime's rollout runs no sample hooks).
     slime_only = {"router_policy", "finetune", "rollout_sample_hook_path"}
     own_clis = {"slime/backends/hf_engine/__main__.py", "slime/rollout/expert_sft.py",
+                "slime/backends/sglang_utils/serve.py",  # train.py's parser plus its own --port / --parent-pid
                 "examples/multi_turn_tcod/envs/make_data.py", "examples/agent_envs/make_data.py"}
     read = set()
     for path in [*ROOT.glob("slime/**/*.py"), *ROOT.glob("examples/**/*.py")]:
