@@ -257,6 +257,7 @@ def test_the_manager_gives_the_agent_loop_its_step_without_a_rollout_function(en
     assert args.rollout_function_path == "slime.rollout.sglang_rollout.generate_rollout"  # upstream's default
     manager = RolloutManager.__new__(RolloutManager)
     manager.args, manager.data_source = args, _Tasks(3)
+    manager.engines = []  # none started by this manager (the fixture's engine serves it): nothing to watch
     manager.generate_rollout = sglang_rollout.generate_rollout
     for step, depth in ((0, 1), (5, 3)):
         samples, groups, stats = manager.generate(step)
