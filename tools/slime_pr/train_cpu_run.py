@@ -116,15 +116,19 @@ def harness_env(args) -> dict:
     return env
 
 
-def _latest_step_line(log: Path) -> str:
-    """The last ``step N: {...}`` line of a growing log (its tail only), shortened for a heartbeat."""
+def _log_tail(log: Path, nbytes: int) -> list[str]:
+    """The last ``nbytes`` of a growing log, as lines (empty when it cannot be read)."""
     try:
         with open(log, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
-            tail = fh.read().decode(errors="replace").splitlines()
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - nbytes))
+            return fh.read().decode(errors="replace").splitlines()
     except OSError:
-        return ""
-    for line in reversed(tail):
+        return []
+
+
+def _latest_step_line(log: Path) -> str:
+    """The last ``step N: {...}`` line of a growing log (its tail only), shortened for a heartbeat."""
+    for line in reversed(_log_tail(log, 65536)):
         m = STEP_LINE.search(line)
         if m:
             return f"step {m.group(1)}: {m.group(2)[:160]}"
@@ -133,13 +137,7 @@ def _latest_step_line(log: Path) -> str:
 
 def _latest_line(log: Path) -> str:
     """The log's last line that is not a warning (what train.py is doing before its first step)."""
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 8192))
-            tail = fh.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in reversed(tail):
+    for line in reversed(_log_tail(log, 8192)):
         if line.strip() and not line.startswith(" ") and "warn" not in line.lower():
             return line.strip()[-140:]
     return ""
