@@ -30,7 +30,9 @@ MARGIN = 0.1
 GATE_FACTOR = 2.0
 MODE_SHARE_MAX = 0.5
 VOWELS_MAX = 6.0
-BETA_MOVED_RTOL = 1e-6
+# The fitted coefficient of a fixed run varies by under 1e-7 of itself (float32 returns); the controller's first
+# step moves it by 0.2 * 64 / horizon (1.25% at 16x): a move under 1e-4 of the coefficient is no move.
+BETA_MOVED_RTOL = 1e-4
 
 
 def second_half(values: list) -> list:
@@ -125,20 +127,22 @@ def gate(rows: list[dict], cf: dict) -> dict:
 
 
 def controller(rows: list[dict]) -> dict:
-    groups: dict[float, list[dict]] = {}
+    """The adaptive runs scored per group of one target, one step count and one learning rate, each against the
+    fixed reference ``beta`` run with the same steps and learning rate on the same seed."""
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["phase"] in ("controller", "control") and r["ctrl"] == "adaptive":
-            groups.setdefault(r["target"], []).append(r)
+            groups.setdefault((r["target"], r["steps"], r["lr"]), []).append(r)
     out = {"targets": [], "stuck": [], "failed": [], "passed": None}
     verdicts = []
-    for target in sorted(groups):
-        ref_beta = groups[target][0]["ref_beta"]
-        steps, lr = groups[target][0]["steps"], groups[target][0]["lr"]
+    for target, steps, lr in sorted(groups):
+        group = groups[(target, steps, lr)]
+        ref_beta = group[0]["ref_beta"]
         # The fixed reference beta on the same seeds, steps and learning rate (a gate run counts).
         fixed = {r["seed"]: {**r, "target": target} for r in rows if r["ctrl"] == "fixed" and r["beta"] == ref_beta
                  and r["steps"] == steps and r["lr"] == lr}
-        runs = list(fixed.values()) + groups[target]
-        lines = []
+        runs = list(fixed.values()) + group
+        lines, scored, failed, stuck, group_verdicts = [], [], [], [], []
         for r in sorted(runs, key=lambda r: (r["phase"] == "control", r["ctrl"] != "fixed", r["seed"], r["beta"])):
             in_band, dev = band_scores(r, target)
             line = {"phase": r["phase"], "ctrl": r["ctrl"], "seed": r["seed"], "beta0": r["beta"],
@@ -151,18 +155,24 @@ def controller(rows: list[dict]) -> dict:
                 line["beta_range"] = [min(betas), max(betas)]
                 line["beta_moved"] = beta_moved(r)
                 if not line["beta_moved"]:
-                    out["stuck"].append((target, r["seed"], r["beta"], r.get("horizon")))
+                    stuck.append((target, r["seed"], r["beta"], r.get("horizon")))
                 ref = fixed.get(r["seed"])
                 if ref is not None:
                     ref_in, ref_dev = band_scores(ref, target)
                     line["passes"] = in_band >= ref_in - MARGIN and dev <= ref_dev + MARGIN
                     if r["phase"] != "control":
-                        verdicts.append(line["passes"])
-                        out.setdefault("scored", []).append((target, r["seed"], r["beta"]))
+                        group_verdicts.append(line["passes"] and line["beta_moved"])
+                        scored.append((target, r["seed"], r["beta"]))
                         if not line["passes"]:
-                            out["failed"].append((target, r["seed"], r["beta"]))
+                            failed.append((target, r["seed"], r["beta"]))
             lines.append(line)
-        out["targets"].append({"target": target, "ref_beta": ref_beta, "rows": lines})
+        passed = (all(group_verdicts) and not stuck) if scored else None
+        verdicts += group_verdicts
+        out["stuck"] += stuck
+        out["targets"].append({"target": target, "ref_beta": ref_beta, "steps": steps, "lr": lr, "rows": lines,
+                               "scored": scored, "failed": failed, "passed": passed})
+        out.setdefault("scored", []).extend(scored)
+        out["failed"] += failed
     if verdicts:
         out["passed"] = all(verdicts) and not out["stuck"]
     return out
@@ -186,16 +196,19 @@ def verdict_lines(g: dict, c: dict) -> list[str]:
     if c["stuck"]:
         lines.append(f"BETA DID NOT MOVE in {len(c['stuck'])} adaptive run(s) (target, seed, start, horizon: "
                      f"{c['stuck']}): the controller's update is off, those rows are a fixed beta.")
-    if c["passed"] is not None:
-        if c["passed"]:
-            scored = c.get("scored", [])
-            lines.append(f"Controller: all {len(scored)} adaptive run(s) at the main horizon (target, seed, start: "
-                         f"{scored}) scored no worse than the fixed reference beta + {MARGIN} (in band and mean "
-                         "deviation).")
+    for t in c["targets"]:
+        head = f"Controller, target {t['target']:g} (reference beta {t['ref_beta']:g}), {t['steps']} steps, lr {t['lr']:g}"
+        if t["passed"] is None:
+            lines.append(f"{head}: not scored (no fixed reference beta on the same seed, steps and lr).")
+        elif t["passed"]:
+            lines.append(f"{head}: passed; all {len(t['scored'])} adaptive run(s) at the main horizon (target, seed, "
+                         f"start: {t['scored']}) scored no worse than the fixed reference beta + {MARGIN} (in band "
+                         "and mean deviation).")
         else:
-            why = (f"{len(c['failed'])} adaptive run(s) scored worse than the fixed reference beta + {MARGIN}: "
-                   f"{c['failed']}") if c["failed"] else "the coefficient did not move"
-            lines.append(f"Controller: NOT passed; {why}.")
+            why = (f"{len(t['failed'])} of {len(t['scored'])} adaptive run(s) at the main horizon scored worse than "
+                   f"the fixed reference beta + {MARGIN}: {t['failed']}") if t["failed"] else \
+                "the coefficient did not move"
+            lines.append(f"{head}: NOT passed; {why}.")
     return lines
 
 
@@ -230,7 +243,8 @@ def tables_md(g: dict, c: dict) -> str:
                       f"{' / '.join('never' if d is None else str(d) for d in t['degenerate_at'])} |")
         md.append("")
     for tgt in c["targets"]:
-        md += [f"## Target {tgt['target']:g} (reference beta {tgt['ref_beta']}): second half of each run", "",
+        md += [f"## Target {tgt['target']:g} (reference beta {tgt['ref_beta']:g}), {tgt['steps']} steps, lr "
+               f"{tgt['lr']:g}: second half of each run", "",
                "| run | seed | horizon | in band (+-30%) | mean abs(KL/target - 1) | KL | beta used: range, end | "
                "passes (vs fixed + 0.1) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for ln in tgt["rows"]:
@@ -257,16 +271,16 @@ def plot(rows: list[dict], path: Path) -> None:
     c = controller(rows)
     if not c["targets"]:
         return
-    targets = [t["target"] for t in c["targets"]]
-    fig, axes = plt.subplots(2, len(targets), figsize=(6 * len(targets), 7), squeeze=False, sharex=True)
-    for j, target in enumerate(targets):
+    n = len(c["targets"])
+    fig, axes = plt.subplots(2, n, figsize=(6 * n, 7), squeeze=False)
+    for j, tgt in enumerate(c["targets"]):
+        target = tgt["target"]
         ax_kl, ax_b = axes[0][j], axes[1][j]
         ax_kl.axhspan(target * (1 - BAND), target * (1 + BAND), color="0.85")
         ax_kl.axhline(target, color="0.5", lw=0.8)
-        tgt = c["targets"][j]
-        shown = [r for r in rows if r["ctrl"] == "adaptive" and r.get("target") == target]
-        shown += [r for r in rows if r["ctrl"] == "fixed" and r["beta"] == tgt["ref_beta"]
-                  and r["steps"] == shown[0]["steps"] and r["lr"] == shown[0]["lr"]]
+        same = [r for r in rows if r["steps"] == tgt["steps"] and r["lr"] == tgt["lr"]]
+        shown = [r for r in same if r["ctrl"] == "adaptive" and r.get("target") == target]
+        shown += [r for r in same if r["ctrl"] == "fixed" and r["beta"] == tgt["ref_beta"]]
         for r in shown:
             style = {"fixed": "k--"}.get(r["ctrl"], "b-" if r["beta"] < r.get("ref_beta", r["beta"]) else "r-")
             lw = 0.8 if r["phase"] == "control" else 1.3
@@ -277,10 +291,11 @@ def plot(rows: list[dict], path: Path) -> None:
             line, = ax_kl.plot(x, kl_series(r), style, lw=lw, alpha=alpha, label=label)
             if ls:
                 line.set_linestyle(ls)
-            b, = ax_b.plot(x, beta_series(r), style, lw=lw, alpha=alpha)
+            # Step 0's rewards used the start value (their KL is 0, so nothing to fit it from).
+            b, = ax_b.plot(x, [r["beta"] if v is None else v for v in beta_series(r)], style, lw=lw, alpha=alpha)
             if ls:
                 b.set_linestyle(ls)
-        ax_kl.set_title(f"target {target:g}: KL (band +-30%)")
+        ax_kl.set_title(f"target {target:g}, {tgt['steps']} steps: KL (band +-30%)")
         ax_kl.set_yscale("log")
         ax_b.set_yscale("log")
         ax_b.set_title("beta the rewards used")

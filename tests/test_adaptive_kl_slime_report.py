@@ -86,3 +86,27 @@ def test_a_coefficient_that_never_moved_is_reported_and_not_credited(tmp_path):
     verdict = json.loads((results / "summary.json").read_text())["verdict"]
     assert any(line.startswith("BETA DID NOT MOVE in 2 adaptive run(s)") for line in verdict)
     assert "BETA DID NOT MOVE" in (results / "tables.md").read_text()
+
+
+def test_runs_of_other_lengths_are_scored_apart_each_against_its_own_fixed_reference():
+    moving = [1 + 0.01 * i for i in range(STEPS)]
+    short = _controller_rows([0.1] * STEPS, moving)
+    longer = [_row("fixed", 0.2, [0.1] * 2 * STEPS)]
+    for start in (0.1, 0.4):
+        longer.append(_row("adaptive", start, [0.5] * 2 * STEPS, phase="controller", target=0.1, ref_beta=0.2,
+                           betas=[start * (1 + 0.01 * i) for i in range(2 * STEPS)]))
+    c = report.controller(short + longer)
+    assert [(t["steps"], t["passed"]) for t in c["targets"]] == [(STEPS, True), (2 * STEPS, False)]
+    assert c["passed"] is False and len(c["failed"]) == 2
+    lines = report.verdict_lines(report.gate([], CLOSED), c)
+    assert any(f"{STEPS} steps" in ln and ": passed;" in ln for ln in lines)
+    assert any(f"{2 * STEPS} steps" in ln and "NOT passed" in ln for ln in lines)
+
+
+def test_a_fixed_runs_float_noise_is_not_a_move_but_the_controllers_first_step_is():
+    noisy = _row("adaptive", 0.2, [0.1] * STEPS, phase="controller", target=0.1, ref_beta=0.2,
+                 betas=[None] + [0.2 * (1 + 8e-8 * (-1) ** i) for i in range(STEPS - 1)])
+    assert not report.beta_moved(noisy)
+    first = _row("adaptive", 0.2, [0.1] * STEPS, phase="controller", target=0.1, ref_beta=0.2,
+                 betas=[None] + [0.2 * (1 - 0.0125)] * (STEPS - 1))
+    assert report.beta_moved(first)
