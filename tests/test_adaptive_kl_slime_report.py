@@ -21,7 +21,8 @@ def _row(ctrl, beta, kls, *, phase="gate", seed=1, betas=None, target=None, ref_
            "per_step": [{"step": i, "kl": k, "beta_fit": b, "reward": 0.5, "vowels": 3.0, "mode_share": mode_share}
                         for i, (k, b) in enumerate(zip(kls, betas))]}
     if ctrl == "adaptive":
-        row.update(target=target, horizon=1024.0, ref_beta=ref_beta)
+        # 1x a step's samples: 8 steps let a 2x start settle twice over, so STEPS is long enough to judge
+        row.update(target=target, horizon=64.0, ref_beta=ref_beta)
     return row
 
 
@@ -110,3 +111,15 @@ def test_a_fixed_runs_float_noise_is_not_a_move_but_the_controllers_first_step_i
     first = _row("adaptive", 0.2, [0.1] * STEPS, phase="controller", target=0.1, ref_beta=0.2,
                  betas=[None] + [0.2 * (1 - 0.0125)] * (STEPS - 1))
     assert report.beta_moved(first)
+
+
+def test_a_run_too_short_for_its_horizon_is_not_a_verdict_on_the_controller():
+    assert report.steps_to_settle(1024.0) == 112 and report.steps_to_settle(256.0) == 29
+    rows = _controller_rows([0.1] * STEPS, [1 + 0.01 * i for i in range(STEPS)])
+    for r in rows[1:]:
+        r["horizon"] = 1024.0
+    c = report.controller(rows)
+    assert c["targets"][0]["too_short"] and c["targets"][0]["steps_needed"] == 112
+    assert c["passed"] is None  # scored, but not counted as a pass of the controller
+    line = next(ln for ln in report.verdict_lines(report.gate([], CLOSED), c) if ln.startswith("Controller"))
+    assert "TOO SHORT to judge the controller" in line and "passed" not in line
