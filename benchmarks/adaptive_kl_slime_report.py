@@ -7,7 +7,8 @@ Imports nothing from the benchmark (the benchmark imports this module). The crit
 * gate (fixed ``beta``): no run leaves its plateau for a degenerate answer (a step of the second half where one
   answer is more than half of the 64 samples, or the mean answer has more than 6 of its 8 characters vowels); the
   plateau (the mean KL over the second half) falls as ``beta`` rises (means over seeds); every run's plateau is
-  within 2x of the closed form.
+  within 2x of the closed form. Judged per step count: every fixed run of one length and learning rate (the
+  controller's fixed reference included) is one gate, since a plateau read at 24 steps is not one read at 112.
 * controller: over the second half, ``in band`` = the share of steps with the KL within +-30% of the target and
   ``dev`` = the mean of ``|KL/target - 1|``. An adaptive run passes on a seed when its ``in band`` is at least the
   fixed reference ``beta``'s minus 0.1 and its ``dev`` at most the fixed one's plus 0.1; the controller passes
@@ -112,7 +113,18 @@ def _cf(cf: dict, beta: float) -> dict | None:
 
 
 def gate(rows: list[dict], cf: dict) -> dict:
-    fixed = [r for r in rows if r["phase"] == "gate"]
+    """The gate's criteria per group of fixed runs of one step count and one learning rate (a fixed run of the
+    controller's phase counts: it is the same run); the top-level keys are the longest group's."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["ctrl"] == "fixed":
+            groups.setdefault((r["steps"], r["lr"]), []).append(r)
+    out = [gate_group(groups[key], cf) for key in sorted(groups)]
+    longest = out[-1] if out else {"table": [], "falls": False, "degenerate": [], "outside_2x": [], "passed": False}
+    return {**longest, "groups": out}
+
+
+def gate_group(fixed: list[dict], cf: dict) -> dict:
     by_beta: dict[float, list[dict]] = {}
     for r in fixed:
         by_beta.setdefault(r["beta"], []).append(r)
@@ -202,13 +214,14 @@ def _f(x, nd=3) -> str:
 
 def verdict_lines(g: dict, c: dict) -> list[str]:
     lines = []
-    if g["table"]:
-        t = g["table"]
-        state = "passed" if g["passed"] else "INCOMPLETE (under 2 fixed betas finished)" if len(t) < 2 else "FAILED"
-        lines.append(f"Gate ({len(t)} fixed beta(s) finished, seeds {t[0]['seeds']}, {t[0]['steps']} steps, lr "
+    for grp in g["groups"]:
+        t = grp["table"]
+        seeds = sorted({seed for row in t for seed in row["seeds"]})
+        state = "passed" if grp["passed"] else "INCOMPLETE (under 2 fixed betas finished)" if len(t) < 2 else "FAILED"
+        lines.append(f"Gate ({t[0]['steps']} steps: {len(t)} fixed beta(s) finished, seeds {seeds}, lr "
                      f"{t[0]['lr']:g}): {state}; plateau falls as beta rises: "
-                     + ("yes" if g["falls"] else "no" if len(t) > 1 else "-") + f"; degenerate runs: "
-                     f"{len(g['degenerate'])}; plateaus outside 2x of the closed form: {len(g['outside_2x'])}.")
+                     + ("yes" if grp["falls"] else "no" if len(t) > 1 else "-") + f"; degenerate runs: "
+                     f"{len(grp['degenerate'])}; plateaus outside 2x of the closed form: {len(grp['outside_2x'])}.")
     if c["stuck"]:
         lines.append(f"BETA DID NOT MOVE in {len(c['stuck'])} adaptive run(s) (target, seed, start, horizon: "
                      f"{c['stuck']}): the controller's update is off, those rows are a fixed beta.")
@@ -254,12 +267,14 @@ def incomplete_md(rows: list[dict], cf: dict) -> list[str]:
 def tables_md(g: dict, c: dict) -> str:
     md = ["# adaptive_kl_slime: fixed against adaptive reward-side KL on slime's own PPO", ""]
     md += ["## Verdict", ""] + [f"- {x}" for x in verdict_lines(g, c)] + [""]
-    if g["table"]:
-        md += ["## Gate: fixed beta (plateau = mean KL over the second half; per seed)", "",
-               "| beta | closed-form KL | plateau KL | plateau / closed form | reward (closed form) | degenerate at |",
-               "| --- | --- | --- | --- | --- | --- |"]
-        for t in g["table"]:
-            md.append(f"| {t['beta']:g} | {_f(t['closed_kl'])} | {' / '.join(_f(x) for x in t['plateau'])} | "
+    for grp in g["groups"]:
+        md += [f"## Gate, {grp['table'][0]['steps']} steps, lr {grp['table'][0]['lr']:g}: fixed beta (plateau = mean "
+               "KL over the second half; per seed)", "",
+               "| beta | seeds | closed-form KL | plateau KL | plateau / closed form | reward (closed form) | "
+               "degenerate at |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for t in grp["table"]:
+            md.append(f"| {t['beta']:g} | {' / '.join(str(x) for x in t['seeds'])} | {_f(t['closed_kl'])} | "
+                      f"{' / '.join(_f(x) for x in t['plateau'])} | "
                       f"{' / '.join(f'{x:.2f}' for x in t['ratio'])} | "
                       f"{' / '.join(f'{x:.2f}' for x in t['reward'])} ({_f(t['closed_reward'], 2)}) | "
                       f"{' / '.join('never' if d is None else str(d) for d in t['degenerate_at'])} |")

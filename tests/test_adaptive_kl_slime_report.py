@@ -123,3 +123,11 @@ def test_a_run_too_short_for_its_horizon_is_not_a_verdict_on_the_controller():
     assert c["passed"] is None  # scored, but not counted as a pass of the controller
     line = next(ln for ln in report.verdict_lines(report.gate([], CLOSED), c) if ln.startswith("Controller"))
     assert "TOO SHORT to judge the controller" in line and "passed" not in line
+
+
+def test_the_gate_is_judged_per_run_length_and_counts_the_controllers_fixed_runs():
+    rows = _gate_rows() + [_row("fixed", 0.2, [0.1] * 2 * STEPS, phase="controller")]
+    g = report.gate(rows, CLOSED)
+    assert [(grp["table"][0]["steps"], len(grp["table"])) for grp in g["groups"]] == [(STEPS, 3), (2 * STEPS, 1)]
+    assert g["table"] == g["groups"][-1]["table"] and not g["passed"]  # the longest: one beta proves no fall
+    assert g["groups"][0]["passed"]
