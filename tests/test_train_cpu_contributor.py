@@ -186,3 +186,21 @@ def test_a_failed_run_quotes_what_the_engines_logged(tmp_path):
     with pytest.raises(train_cpu_run.CaseFailed) as exc:
         train_cpu_run.require_ok(run)
     assert "engines logged" not in str(exc.value)
+
+
+def test_a_refused_request_quotes_the_engines_answer(tmp_path):
+    """A 400 reaches train.py's last line only as httpx's status; the reason is in the body slime's retries logged
+    (as SGLang 0.5.15.post1 answered a top_p of 1.5 through sglang-router, 2026-12-07)."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        "(RolloutManager pid=1) ... Status/400, retrying... (attempt 60/60, url=http://127.0.0.1:4109/generate, "
+        'response={"error":{"message":"top_p must be in (0, 1], got 1.5."}})\n'
+        "httpx.HTTPStatusError: Client error '400 Bad Request' for url 'http://127.0.0.1:4109/generate'\n")
+    run = train_cpu_run.Run("first", [], log, rc=1, seconds=3.0)
+    with pytest.raises(train_cpu_run.CaseFailed) as exc:
+        train_cpu_run.require_ok(run)
+    assert "http://127.0.0.1:4109/generate answered: top_p must be in (0, 1], got 1.5." in str(exc.value)
+    log.write_text("httpx.HTTPStatusError: Client error '400 Bad Request' for url 'http://r/generate'\n")
+    with pytest.raises(train_cpu_run.CaseFailed) as exc:
+        train_cpu_run.require_ok(run)
+    assert "answered" not in str(exc.value)

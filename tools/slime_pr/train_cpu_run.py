@@ -219,6 +219,28 @@ def engine_errors(logs: dict[str, Path]) -> list[str]:
     return found
 
 
+# slime's http_utils.post logs each failed try with the body the server answered: "... (attempt 60/60,
+# url=http://.../generate, response={"error":{"message":"top_p must be in (0, 1], got 1.5."}})".
+RETRY_RESPONSE = re.compile(r"url=(\S+?), response=(.*)\)\s*$")
+
+
+def engine_answer(lines: list[str]) -> str | None:
+    """The last error body an engine (or the router in front of it) answered slime with, its ``message`` when it is
+    SGLang's JSON error: a 400 names the refused field only there; the exception's own line is httpx's status."""
+    for line in reversed(lines):
+        m = RETRY_RESPONSE.search(line)
+        if not m:
+            continue
+        body = m.group(2).strip()
+        try:
+            err = json.loads(body).get("error")
+            body = err.get("message", body) if isinstance(err, dict) else str(err or body)
+        except (ValueError, AttributeError):
+            pass
+        return f"{m.group(1)} answered: {body[:300]}"
+    return None
+
+
 def require_ok(run: Run, engine_logs: dict[str, Path] | None = None) -> None:
     """A failed run as one line: how it ended, its last error and, when engines served it, what they refused."""
     if run.rc != 0:
@@ -226,9 +248,12 @@ def require_ok(run: Run, engine_logs: dict[str, Path] | None = None) -> None:
         errors = [ln.strip() for ln in lines if re.search(r"(Error|Exception)\b.*:", ln) and "Warning" not in ln]
         why = "timed out" if run.rc == 124 else f"exit {run.rc}"
         last_error = f": {errors[-1][:400]}" if errors else ""
+        answer = engine_answer(lines)
+        answered = f"; {answer}" if answer else ""
         engines = engine_errors(engine_logs or {})
         said = f"; the engines logged: {' | '.join(engines)}" if engines else ""
-        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s{last_error}{said} (log {run.log})",
+        raise CaseFailed(f"train.py ({run.name}) {why} after {run.seconds:.0f}s{last_error}{answered}{said} "
+                         f"(log {run.log})",
                          "\n".join(lines[-40:]))
 
 
