@@ -15,7 +15,11 @@ Imports nothing from the benchmark (the benchmark imports this module). The crit
   when every adaptive run at the main horizon, from both starts, passes on every seed. Runs are scored in groups of
   one target, one step count and one learning rate, each against the fixed reference run of the same length; a
   group shorter than the steps a 2x start needs at the clip, twice over (112 at 16x), is reported as too short to
-  judge the controller (the smallest setting's 3 steps check only that the pipeline runs).
+  judge the controller (the smallest setting's 3 steps check only that the pipeline runs). A seed with one start
+  only, or adaptive runs with no fixed reference on their seed, are named in the verdict (INCOMPLETE, not scored).
+* the control (the shorter horizon, ``--control-horizon-x``): scored the same way and reported beside the run
+  from the same start at the main horizon, with beta's swing (max/min over the second half); not part of the
+  pass line.
 * the coefficient: an adaptive run whose rewards were shaped with the same ``beta`` at every step (fitted from
   its returns) did not adapt; the verdict says so and the controller is not credited with a pass.
 """
@@ -176,6 +180,8 @@ def controller(rows: list[dict]) -> dict:
             if r["ctrl"] == "adaptive":
                 betas = [b for b in beta_series(r) if b is not None]
                 line["beta_range"] = [min(betas), max(betas)]
+                late = [b for b in second_half(beta_series(r)) if b is not None]
+                line["beta_swing"] = max(late) / min(late) if late else None
                 line["beta_moved"] = beta_moved(r)
                 if not line["beta_moved"]:
                     stuck.append((target, r["seed"], r["beta"], r.get("horizon")))
@@ -190,6 +196,13 @@ def controller(rows: list[dict]) -> dict:
                             failed.append((target, r["seed"], r["beta"]))
             lines.append(line)
         passed = (all(group_verdicts) and not stuck) if scored else None
+        # What the pass line ("both starts, every seed") still lacks: a seed with one start only, or an adaptive
+        # run with no fixed reference on its seed (not scored, so not counted either way).
+        main_runs = [r for r in group if r["phase"] == "controller"]
+        starts = sorted({r["beta"] for r in main_runs})
+        missing = [(seed, start) for seed in sorted({r["seed"] for r in main_runs}) for start in starts
+                   if not any(r["seed"] == seed and r["beta"] == start for r in main_runs)]
+        unscored = sorted({(r["seed"], r["beta"]) for r in main_runs if r["seed"] not in fixed})
         main = [r.get("horizon") for r in group if r["phase"] == "controller" and r.get("horizon")]
         needed = steps_to_settle(min(main)) if main else None
         too_short = needed is not None and steps < needed
@@ -198,11 +211,30 @@ def controller(rows: list[dict]) -> dict:
         out["stuck"] += stuck
         out["targets"].append({"target": target, "ref_beta": ref_beta, "steps": steps, "lr": lr, "rows": lines,
                                "scored": scored, "failed": failed, "passed": passed, "steps_needed": needed,
-                               "too_short": too_short})
+                               "too_short": too_short, "missing_starts": missing, "unscored": unscored,
+                               "control": control_summary(lines)})
         out.setdefault("scored", []).extend(scored)
         out["failed"] += failed
     if verdicts:
         out["passed"] = all(verdicts) and not out["stuck"]
+    return out
+
+
+def control_summary(lines: list[dict]) -> list[dict]:
+    """Each control run (the shorter horizon, not part of the pass line) beside the main-horizon run from the
+    same start on the same seed, when there is one: how well each held the KL, and how far beta swung over the
+    second half."""
+    out = []
+    for ln in lines:
+        if ln["phase"] != "control":
+            continue
+        main = next((m for m in lines if m["phase"] == "controller" and m["ctrl"] == "adaptive"
+                     and m["seed"] == ln["seed"] and m["beta0"] == ln["beta0"]), None)
+        out.append({"seed": ln["seed"], "beta0": ln["beta0"], "horizon": ln["horizon"], "in_band": ln["in_band"],
+                    "dev": ln["dev"], "beta_swing": ln["beta_swing"],
+                    "main": main and {"horizon": main["horizon"], "in_band": main["in_band"], "dev": main["dev"],
+                                      "beta_swing": main["beta_swing"]},
+                    "passes": ln.get("passes")})
     return out
 
 
@@ -216,9 +248,9 @@ def verdict_lines(g: dict, c: dict) -> list[str]:
     lines = []
     for grp in g["groups"]:
         t = grp["table"]
-        seeds = sorted({seed for row in t for seed in row["seeds"]})
         state = "passed" if grp["passed"] else "INCOMPLETE (under 2 fixed betas finished)" if len(t) < 2 else "FAILED"
-        lines.append(f"Gate ({t[0]['steps']} steps: {len(t)} fixed beta(s) finished, seeds {seeds}, lr "
+        per_beta = "; ".join(f"{row['beta']:g} on seed(s) {row['seeds']}" for row in t)
+        lines.append(f"Gate ({t[0]['steps']} steps: {len(t)} fixed beta(s) finished: {per_beta}; lr "
                      f"{t[0]['lr']:g}): {state}; plateau falls as beta rises: "
                      + ("yes" if grp["falls"] else "no" if len(t) > 1 else "-") + f"; degenerate runs: "
                      f"{len(grp['degenerate'])}; plateaus outside 2x of the closed form: {len(grp['outside_2x'])}.")
@@ -235,15 +267,31 @@ def verdict_lines(g: dict, c: dict) -> list[str]:
                          f"than the fixed reference + {MARGIN}: {marks}).")
         elif t["passed"] is None:
             lines.append(f"{head}: not scored (no fixed reference beta on the same seed, steps and lr).")
-        elif t["passed"]:
-            lines.append(f"{head}: passed; all {len(t['scored'])} adaptive run(s) at the main horizon (target, seed, "
-                         f"start: {t['scored']}) scored no worse than the fixed reference beta + {MARGIN} (in band "
-                         "and mean deviation).")
         else:
-            why = (f"{len(t['failed'])} of {len(t['scored'])} adaptive run(s) at the main horizon scored worse than "
-                   f"the fixed reference beta + {MARGIN}: {t['failed']}") if t["failed"] else \
-                "the coefficient did not move"
-            lines.append(f"{head}: NOT passed; {why}.")
+            gaps = ""
+            if t.get("missing_starts"):
+                gaps += (f" INCOMPLETE: no run at the main horizon from (seed, start) {t['missing_starts']}, so "
+                         "'both starts on every seed' is not shown for those seeds.")
+            if t.get("unscored"):
+                gaps += (f" Not scored (no fixed reference beta on their seed): (seed, start) {t['unscored']}.")
+            seeds = sorted({seed for _, seed, _ in t["scored"]})
+            if t["passed"]:
+                lines.append(f"{head}: passed on seed(s) {seeds}; all {len(t['scored'])} adaptive run(s) at the main "
+                             f"horizon (target, seed, start: {t['scored']}) scored no worse than the fixed reference "
+                             f"beta + {MARGIN} (in band and mean deviation).{gaps}")
+            else:
+                why = (f"{len(t['failed'])} of {len(t['scored'])} adaptive run(s) at the main horizon (seeds "
+                       f"{seeds}) scored worse than the fixed reference beta + {MARGIN}: {t['failed']}") \
+                    if t["failed"] else "the coefficient did not move"
+                lines.append(f"{head}: NOT passed; {why}.{gaps}")
+        for ctl in t.get("control", []):
+            main = ctl["main"]
+            vs = (f"; at horizon {main['horizon']:g} from the same start: {main['in_band']:.2f} in band, mean "
+                  f"deviation {main['dev']:.2f}, beta swing {_f(main['beta_swing'])}x") if main else ""
+            lines.append(f"Control (not part of the pass line), target {t['target']:g}, {t['steps']} steps, horizon "
+                         f"{ctl['horizon']:g}, seed {ctl['seed']}, from {ctl['beta0']:g}: {ctl['in_band']:.2f} of "
+                         f"second-half steps in band, mean deviation {ctl['dev']:.2f}, beta swing (max/min over the "
+                         f"second half) {_f(ctl['beta_swing'])}x{vs}.")
     return lines
 
 

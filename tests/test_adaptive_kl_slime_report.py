@@ -100,7 +100,7 @@ def test_runs_of_other_lengths_are_scored_apart_each_against_its_own_fixed_refer
     assert [(t["steps"], t["passed"]) for t in c["targets"]] == [(STEPS, True), (2 * STEPS, False)]
     assert c["passed"] is False and len(c["failed"]) == 2
     lines = report.verdict_lines(report.gate([], CLOSED), c)
-    assert any(f"{STEPS} steps" in ln and ": passed;" in ln for ln in lines)
+    assert any(f"{STEPS} steps" in ln and ": passed on seed(s) [1];" in ln for ln in lines)
     assert any(f"{2 * STEPS} steps" in ln and "NOT passed" in ln for ln in lines)
 
 
@@ -131,3 +131,39 @@ def test_the_gate_is_judged_per_run_length_and_counts_the_controllers_fixed_runs
     assert [(grp["table"][0]["steps"], len(grp["table"])) for grp in g["groups"]] == [(STEPS, 3), (2 * STEPS, 1)]
     assert g["table"] == g["groups"][-1]["table"] and not g["passed"]  # the longest: one beta proves no fall
     assert g["groups"][0]["passed"]
+
+
+def test_the_control_is_reported_beside_the_main_horizon_and_left_out_of_the_pass_line():
+    moving = [1 + 0.01 * i for i in range(STEPS)]
+    rows = _controller_rows([0.1] * STEPS, moving)
+    for start in (0.1, 0.4):  # the control holds the KL worse: it does not make the controller fail
+        ctl = _row("adaptive", start, [0.1, 0.2] * (STEPS // 2), phase="control", target=0.1, ref_beta=0.2,
+                   betas=[start * (1 + 0.05 * (-1) ** i) for i in range(STEPS)])
+        ctl["horizon"] = 16.0
+        rows.append(ctl)
+    c = report.controller(rows)
+    assert c["passed"] and not c["failed"]
+    control = c["targets"][0]["control"]
+    assert [(x["beta0"], x["passes"]) for x in control] == [(0.1, False), (0.4, False)]
+    assert control[0]["main"]["in_band"] == pytest.approx(1.0)
+    assert control[0]["beta_swing"] == pytest.approx(1.05 / 0.95)
+    lines = report.verdict_lines(report.gate([], CLOSED), c)
+    assert sum(ln.startswith("Control (not part of the pass line)") and "horizon 16" in ln for ln in lines) == 2
+
+
+def test_a_seed_with_one_start_or_without_its_fixed_reference_is_named_not_passed_over():
+    moving = [1 + 0.01 * i for i in range(STEPS)]
+    rows = _controller_rows([0.1] * STEPS, moving)
+    # seed 2: only the start from 0.1; seed 3: both starts but no fixed reference
+    rows.append({**_row("adaptive", 0.1, [0.1] * STEPS, phase="controller", target=0.1, ref_beta=0.2,
+                        betas=[0.1 * f for f in moving], seed=2)})
+    rows.append(_row("fixed", 0.2, [0.1] * STEPS, seed=2))
+    for start in (0.1, 0.4):
+        rows.append(_row("adaptive", start, [0.1] * STEPS, phase="controller", target=0.1, ref_beta=0.2,
+                         betas=[start * f for f in moving], seed=3))
+    c = report.controller(rows)
+    t = c["targets"][0]
+    assert t["missing_starts"] == [(2, 0.4)] and t["unscored"] == [(3, 0.1), (3, 0.4)]
+    line = next(ln for ln in report.verdict_lines(report.gate([], CLOSED), c) if ln.startswith("Controller"))
+    assert "passed on seed(s) [1, 2]" in line and "INCOMPLETE" in line and "(2, 0.4)" in line
+    assert "Not scored" in line and "(3, 0.4)" in line
