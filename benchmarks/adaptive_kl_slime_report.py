@@ -331,7 +331,8 @@ def tables_md(g: dict, c: dict) -> str:
         md += [f"## Target {tgt['target']:g} (reference beta {tgt['ref_beta']:g}), {tgt['steps']} steps, lr "
                f"{tgt['lr']:g}: second half of each run", "",
                "| run | seed | horizon | in band (+-30%) | mean abs(KL/target - 1) | KL | beta used: range, end | "
-               "passes (vs fixed + 0.1) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+               "beta swing (max/min, 2nd half) | passes (vs fixed + 0.1) |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for ln in tgt["rows"]:
             name = f"fixed {ln['beta0']:g}" if ln["ctrl"] == "fixed" else f"adaptive from {ln['beta0']:g}"
             if ln["phase"] == "control":
@@ -340,8 +341,10 @@ def tables_md(g: dict, c: dict) -> str:
                    + ("" if ln["beta_moved"] else " (did not move)")) if ln["ctrl"] == "adaptive" else \
                 _f(ln["beta_end"])
             hz = "-" if ln["horizon"] is None else f"{ln['horizon']:g}"
+            swing = "-" if ln.get("beta_swing") is None else f"{ln['beta_swing']:.2f}x"
             md.append(f"| {name} | {ln['seed']} | {hz} | {ln['in_band']:.2f} | {ln['dev']:.2f} | "
                       f"{_f(ln['kl_2nd_half'])} | {rng} | "
+                      f"{swing} | "
                       f"{'-' if 'passes' not in ln else ('yes' if ln['passes'] else 'no')} |")
         md.append("")
     return "\n".join(md)
