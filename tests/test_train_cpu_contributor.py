@@ -76,6 +76,7 @@ def test_losses_are_printed_and_kept_at_full_precision(tmp_path, monkeypatch, ca
     rc, out = _main(tmp_path, monkeypatch, 0.123456789012)
     last = capsys.readouterr().out.splitlines()[-1]
     assert rc == 0 and "0.123456789012" in last and "0.246913578024" in last
+    assert "; no engine (saved rollouts);" in last  # pristine-grpo trains on saved rollouts: --engine is moot
     steps = [json.loads(ln) for ln in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["train/loss"] for s in steps] == [0.123456789012, 0.246913578024]
     assert [s["_step"] for s in steps] == [0, 1]

@@ -234,6 +234,12 @@ def case_kl_adaptive(args, env) -> str:
 
 
 CASE_FUNCS = {"pristine-grpo": case_pristine_grpo, "kl-adaptive": case_kl_adaptive}
+# These train on saved rollout data (--load-debug-rollout-data) and start no engine: --engine has no effect on them.
+NO_ENGINE_CASES = ("pristine-grpo", "kl-adaptive")
+
+
+def engine_said(args) -> str:
+    return "no engine (saved rollouts)" if args.case in NO_ENGINE_CASES else f"engine {args.engine}"
 
 
 def _tcod_case(case: str):
@@ -290,7 +296,7 @@ def main(argv=None) -> int:
 
     previous_term = signal.signal(signal.SIGTERM, terminated)
     args.runs = []  # every train.py Run of the case, for steps.jsonl and the result line
-    say(f"train_cpu {args.case}: engine {args.engine}; output under {args.out}"
+    say(f"train_cpu {args.case}: {engine_said(args)}; output under {args.out}"
         + (f"; your flags: {' '.join(args.extra_args)}" if args.extra_args else ""))
     rc, last = 1, ""
     try:
@@ -302,7 +308,7 @@ def main(argv=None) -> int:
         if after != before:
             raise CaseFailed(f"SLIME_DIR {args.slime_dir} changed during the run (digest {before[:12]} -> {after[:12]})")
         rc = 0
-        last = (f"train_cpu {args.case}: ok ({summary}; {losses_line(args.runs)}; engine {args.engine}; "
+        last = (f"train_cpu {args.case}: ok ({summary}; {losses_line(args.runs)}; {engine_said(args)}; "
                 f"wall {time.monotonic() - t0:.0f}s; out {args.out})")
     except CaseFailed as exc:
         if exc.detail:
