@@ -85,7 +85,7 @@ OUTSIDE = {
     # Upstream slime's train.py flags that the PR's docs name and this runtime does not have.
     "upstream slime": {"--ci-test", "--partial-rollout", "--router-policy", "--use-rollout-routing-replay",
                        "--custom-advantage-function-path", "--disable-compute-advantages-and-returns",
-                       "--ref-update-interval", "--rollout-sample-hook-path",
+                       "--ref-update-interval", "--rollout-sample-hook-path", "--disable-rewards-normalization",
                        # failure-behaviour.md's examples of slime flags refused with what to use instead
                        "--num-epoch", "--offload"},
     # hf download (huggingface_hub), in the example README's download step.

@@ -68,6 +68,11 @@ def test_plan_needs_the_rollout_id_and_a_k_max_within_max_turns():
     assert episode_plan(make_args(tcod_k_max=None), 100, 6)["depth"] == 6  # unset: the generate function's limit
 
 
+def test_an_unset_environment_path_is_refused():
+    with pytest.raises(ValueError, match="rollout_interaction_env_path is not set"):
+        rollout.load_env_module(None)
+
+
 def test_a_sample_the_curriculum_did_not_plan_fails_the_hook():
     args = SimpleNamespace(custom_generate_function_path="examples.geo3k_vlm_multi_turn.rollout.generate")
     with pytest.raises(RuntimeError, match="multi_turn.rollout.generate did not play TCOD's curriculum for rollout 3"):

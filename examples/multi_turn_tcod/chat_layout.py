@@ -1,4 +1,4 @@
-"""The token layout of a multi-turn trajectory, shared by the agent loop and expert SFT data.
+"""The token layout of a multi-turn trajectory: the agent loop's, and that of any data built to match it.
 
 One trajectory is one ``Sample``::
 

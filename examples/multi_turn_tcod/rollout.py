@@ -51,6 +51,8 @@ async def in_thread(timeout: float, fn, *call_args, env=None):
 @functools.cache  # geo3k's loader runs a ``.py`` file again on every call: here once per process and path
 def load_env_module(path: str):
     """The module behind ``rollout_interaction_env_path`` (a dotted module or a ``.py`` file), as geo3k loads it."""
+    if not path:  # geo3k's loader would fall back to its own VLM environment
+        raise ValueError("rollout_interaction_env_path is not set: name the environment in --custom-config-path")
     module = _load_env_module(path)
     if not callable(getattr(module, "build_env", None)):
         raise ValueError(f"rollout_interaction_env_path {path!r} has no callable build_env(sample, args)")

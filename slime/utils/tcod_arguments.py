@@ -52,7 +52,10 @@ def add_tcod_arguments(parser):
         "--tcod-k-max",
         type=int,
         default=None,
-        help="Largest TCOD curriculum depth. Default is the generate function's max_turns.",
+        help=(
+            "Largest TCOD curriculum depth; B2F then replays at least L - k_max expert turns. "
+            "Default is the generate function's max_turns."
+        ),
     )
     return parser
 

@@ -111,7 +111,11 @@ GETTER_ANCHOR = (
     "    global _current_rollout_id\n"
     "    _current_rollout_id = rollout_id\n"
 )
-GETTER = "\n\ndef get_current_rollout_id() -> int | None:\n    return _current_rollout_id\n"
+GETTER = (
+    "\n\ndef get_current_rollout_id() -> int | None:\n"
+    '    """The rollout id RolloutManager.generate / eval set last in this process, for code that is not passed it."""\n'
+    "    return _current_rollout_id\n"
+)
 EXAMPLES_README = "examples/README.md"
 EXAMPLES_ANCHOR = "- **[multi_agent](./multi_agent)**"  # the list is alphabetical
 EXAMPLES_LINE = (

@@ -42,12 +42,15 @@ def getter_hook(args, sample, *, rollout_id=None):
 @pytest.mark.unit
 def test_get_current_rollout_id_returns_the_id_rollout_manager_set():
     args = types.SimpleNamespace(rollout_sample_hook_path=[f"{__name__}.getter_hook"])
-    for rollout_id in (3, 4, None):
-        set_current_rollout_id(rollout_id)
+    try:
+        for rollout_id in (3, 4, None):
+            set_current_rollout_id(rollout_id)
 
-        sample = asyncio.run(apply_rollout_sample_hooks(args, Sample(index=0, metadata={})))
+            sample = asyncio.run(apply_rollout_sample_hooks(args, Sample(index=0, metadata={})))
 
-        assert sample.metadata["ids"] == (rollout_id, rollout_id)
+            assert sample.metadata["ids"] == (rollout_id, rollout_id)
+    finally:
+        set_current_rollout_id(None)
 '''
 
 EXPECTED = (
