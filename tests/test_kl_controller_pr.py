@@ -187,6 +187,7 @@ def _adaptive(**overrides):
         (dict(custom_advantage_function_path="my.adv"), "--custom-advantage-function-path"),
         (dict(compute_advantages_and_returns=False), "--disable-compute-advantages-and-returns"),
         (dict(rollout_batch_size=8, n_samples_per_prompt=4, kl_horizon=31), "--kl-horizon"),
+        (dict(rollout_batch_size=1024, n_samples_per_prompt=16), r"--kl-horizon \(10000, the default\)"),
     ],
 )
 def test_validation_refuses_each_bad_setting(monkeypatch, tmp_path, overrides, flag):
@@ -198,10 +199,11 @@ def test_validation_refuses_each_bad_setting(monkeypatch, tmp_path, overrides, f
 
 def test_validation_accepts_adaptive_ppo_with_a_reference(monkeypatch, tmp_path, caplog):
     module = load_slime_arguments_module(monkeypatch)
-    args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path)))
+    args = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), rollout_batch_size=1024))
     with caplog.at_level(logging.WARNING):
         module.slime_validate_args(args)
     assert args.kl_ctrl == "adaptive" and args.use_critic and args.kl_horizon == 10000
+    # 1024 samples a step is under 10x the default horizon: no warning, the user did not choose it
     assert not [r for r in caplog.records if "--kl-horizon" in r.getMessage()]
     batch = make_slime_validate_args(**_adaptive(ref_load=str(tmp_path), rollout_batch_size=8, n_samples_per_prompt=4))
     batch.kl_horizon = 32  # a step as large as the horizon is the largest accepted, with a warning
@@ -293,7 +295,7 @@ ESTIMATORS = ["ppo", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baselin
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_kl_coef_none_keeps_args_kl_coef_bit_identical(loss_module, estimator):
+def test_kl_coef_none_equals_handing_in_args_kl_coef(loss_module, estimator):
     default, explicit = _rollout(1), _rollout(1)
     loss_module.compute_advantages_and_returns(_args(estimator, 0.05), default)
     loss_module.compute_advantages_and_returns(_args(estimator, 0.05), explicit, kl_coef=0.05)

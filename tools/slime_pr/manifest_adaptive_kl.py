@@ -79,7 +79,7 @@ _KL_CTRL_FLAGS = """\
                 help=(
                     "Horizon of --kl-ctrl adaptive, in samples (default 10000, as in Ziegler et al.'s code, TRL and "
                     "verl): after each step the coefficient is multiplied by 1 + clip(observed / target - 1, -0.2, "
-                    "0.2) * samples of the step / horizon. slime warns below 10x the samples of a step."
+                    "0.2) * samples of the step / horizon. slime warns when one set is under 10x a step's samples."
                 ),
             )
 """
@@ -92,7 +92,8 @@ _VALIDATE = """\
                 f"--kl-ctrl adaptive adapts the reward-side --kl-coef of --advantage-estimator ppo, not "
                 f"{args.advantage_estimator}; with other estimators regularize with --use-kl-loss --kl-loss-coef."
             )
-        if args.kl_horizon is None:
+        default_horizon = args.kl_horizon is None
+        if default_horizon:
             args.kl_horizon = 10000.0
         settings = {"--kl-coef": args.kl_coef, "--kl-target": args.kl_target, "--kl-horizon": args.kl_horizon}
         for flag, value in settings.items():
@@ -104,10 +105,11 @@ _VALIDATE = """\
             raise ValueError("--kl-ctrl adaptive needs the KL that --disable-compute-advantages-and-returns skips.")
         if args.rollout_batch_size * args.n_samples_per_prompt > args.kl_horizon:
             raise ValueError(
-                f"--kl-horizon ({args.kl_horizon}) must be >= the samples of a step (rollout_batch_size * "
-                f"n_samples_per_prompt = {args.rollout_batch_size * args.n_samples_per_prompt})."
+                f"--kl-horizon ({args.kl_horizon:g}{', the default' if default_horizon else ''}) must be >= the "
+                f"samples of a step (rollout_batch_size * n_samples_per_prompt = "
+                f"{args.rollout_batch_size * args.n_samples_per_prompt})."
             )
-        if args.kl_horizon < 10 * args.rollout_batch_size * args.n_samples_per_prompt:
+        if not default_horizon and args.kl_horizon < 10 * args.rollout_batch_size * args.n_samples_per_prompt:
             logger.warning(
                 f"--kl-horizon {args.kl_horizon:g} is under 10x the samples of a step: the coefficient moves up to "
                 f"{0.2 * args.rollout_batch_size * args.n_samples_per_prompt / args.kl_horizon:.0%} a step."
@@ -217,7 +219,7 @@ _ACTOR_INIT_NEW = """\
         start_rollout_id = loaded_rollout_id + 1
 
         # Only the actor adapts. Without --megatron-config-path the critic's args are a copy of the actor's
-        # (kl_ctrl adaptive), which is harmless: the critic's rollout data has no log_probs, so no KL reward.
+        # (kl_ctrl adaptive); the critic builds no controller and calls compute_advantages_and_returns as before.
         self.kl_ctrl = build_kl_controller(args) if role == "actor" and args.kl_ctrl == "adaptive" else None
         if self.kl_ctrl is not None:
             state = restore_kl_controller(self.kl_ctrl, args, loaded_rollout_id, get_gloo_group())
