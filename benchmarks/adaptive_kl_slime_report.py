@@ -383,7 +383,9 @@ def plot(rows: list[dict], path: Path) -> None:
             b, = ax_b.plot(x, [r["beta"] if v is None else v for v in beta_series(r)], style, lw=lw, alpha=alpha)
             if ls:
                 b.set_linestyle(ls)
-        ax_kl.set_title(f"target {target:g}, {tgt['steps']} steps: KL (band +-30%)")
+        for ax in (ax_kl, ax_b):  # the scored second half starts here
+            ax.axvline(tgt["steps"] // 2, color="0.6", lw=0.6, ls="--")
+        ax_kl.set_title(f"target {target:g}, {tgt['steps']} steps: KL, band +-30%, scored after --", fontsize=9)
         ax_kl.set_yscale("log")
         ax_b.set_yscale("log")
         ax_b.set_title("beta the rewards used")
