@@ -28,9 +28,9 @@ Every run appends a row to ``{results}/runs.jsonl`` (a row already there is not 
 ``benchmarks/adaptive_kl_slime_report.py`` writes ``tables.md``, ``summary.json`` and the plot from the rows.
 
     MEGATRON_LM_DIR=/tmp/megatron-lm nice -n 10 .venv/bin/python benchmarks/adaptive_kl_slime.py SLIME_KL_DIR \\
-        --phase gate --betas 0.15 0.2 0.3 --seeds 1 --steps 24
+        --phase gate --betas 0.15 0.2 0.3 --seeds 1 2 --steps 112 --lr 1e-2
     MEGATRON_LM_DIR=/tmp/megatron-lm nice -n 10 .venv/bin/python benchmarks/adaptive_kl_slime.py SLIME_KL_DIR \\
-        --phase controller --targets 0.17 --ref-betas 0.2 --seeds 1 --control-seeds 1 --steps 40
+        --phase controller --targets 0.11 --ref-betas 0.2 --seeds 1 2 3 --control-seeds 1 --steps 112 --lr 1e-2
 
 docs/en/advanced/adaptive-kl.md has what these gave, what was cut and why.
 """

@@ -167,3 +167,48 @@ def test_a_seed_with_one_start_or_without_its_fixed_reference_is_named_not_passe
     line = next(ln for ln in report.verdict_lines(report.gate([], CLOSED), c) if ln.startswith("Controller"))
     assert "passed on seed(s) [1, 2]" in line and "INCOMPLETE" in line and "(2, 0.4)" in line
     assert "Not scored" in line and "(3, 0.4)" in line
+
+
+# ---------------------------------------------------------------- the PR's pages against the recorded runs
+# The result table on the PR's pages (en, zh, the PR description) is written by hand; every cell must be what the
+# report computes from benchmarks/results/adaptive_kl_slime/runs.jsonl, and "fails" must sit where it fails.
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ("docs/en/advanced/adaptive-kl-controller.md", "docs/zh/advanced/adaptive-kl-controller.md",
+         "tools/slime_pr/PR_adaptive_kl.md")
+CELL = r"(\d\.\d\d) / (\d\.\d\d)(?:(?:, |，)(fails|不合格))?"
+
+
+def _recorded_112_step_lines():
+    rows, _ = report.load(ROOT / "benchmarks/results/adaptive_kl_slime")
+    targets = [t for t in report.controller(rows)["targets"] if t["steps"] == 112]
+    return {(t["target"], ln["ctrl"], ln["beta0"], ln["horizon"], ln["seed"]): ln for t in targets for ln in t["rows"]}
+
+
+def _page_cells(text):
+    import re
+
+    cells = {}
+    for line in text.splitlines():
+        m = re.match(r"\| (?:target|目标) ([\d.]+)[:：] ?(fixed|固定|adaptive|自适应)[^|]*?([\d.]+)[^|]*\| ([^|]+) \|", line)
+        if not m:
+            continue
+        target, ctrl, beta = float(m.group(1)), m.group(2), float(m.group(3))
+        ctrl = "fixed" if ctrl in ("fixed", "固定") else "adaptive"
+        horizon = None if ctrl == "fixed" else float(re.match(r"\d+", m.group(4)).group())
+        for seed, cell in enumerate(line.split("|")[3:6], start=1):
+            c = re.fullmatch(CELL, cell.strip())
+            if c:
+                cells[(target, ctrl, beta, horizon, seed)] = (float(c.group(1)), float(c.group(2)), bool(c.group(3)))
+    return cells
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_prs_result_table_is_what_the_recorded_runs_give(page):
+    recorded = _recorded_112_step_lines()
+    cells = _page_cells((ROOT / page).read_text())
+    assert len(cells) == 20, sorted(cells)  # per target: the fixed reference and 2 starts on 3 seeds; 2 controls
+    for key, (in_band, dev, fails) in cells.items():
+        ln = recorded[key]
+        assert (in_band, dev) == (round(ln["in_band"], 2), round(ln["dev"], 2)), (page, key)
+        if ln["ctrl"] == "adaptive" and ln["phase"] == "controller":
+            assert fails == (not ln["passes"]), (page, key)
