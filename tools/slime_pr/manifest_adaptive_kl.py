@@ -58,7 +58,7 @@ _KL_CTRL_FLAGS = """\
                 default="fixed",
                 help=(
                     "How --kl-coef evolves during training. 'fixed' keeps it constant. 'adaptive' (PPO only) starts "
-                    "from --kl-coef and moves it after every step toward --kl-target (Ziegler et al., 2019)."
+                    "from --kl-coef and moves it after every rollout toward --kl-target (Ziegler et al., 2019)."
                 ),
             )
             parser.add_argument(
@@ -78,7 +78,7 @@ _KL_CTRL_FLAGS = """\
                 default=None,
                 help=(
                     "Horizon of --kl-ctrl adaptive, in samples (default 10000, as in Ziegler et al.'s code, TRL and "
-                    "verl): after each step the coefficient is multiplied by 1 + clip(observed / target - 1, -0.2, "
+                    "verl): after each rollout the coefficient is multiplied by 1 + clip(observed / target - 1, -0.2, "
                     "0.2) * samples of the step / horizon. slime warns when one set is under 10x a step's samples."
                 ),
             )
@@ -315,13 +315,13 @@ _FIXTURE_NEW = '        kl_coef=0,\n        kl_ctrl="fixed",\n        kl_target=
 _USAGE_EN = "- `--kl-coef`: KL penalty coefficient for reward shaping.\n"
 _USAGE_EN_NEW = _USAGE_EN + (
     "- `--kl-ctrl`: `fixed` (default) keeps `--kl-coef`; `adaptive` (PPO) moves it toward `--kl-target` after every "
-    "step, see [Adaptive KL Coefficient](../advanced/adaptive-kl-controller.md).\n"
+    "rollout, see [Adaptive KL Coefficient](../advanced/adaptive-kl-controller.md).\n"
     "- `--kl-target`: the KL `--kl-ctrl adaptive` holds (each sample's masked token mean, averaged over samples).\n"
     "- `--kl-horizon`: how fast `--kl-ctrl adaptive` moves, in samples (default 10000).\n"
 )
 _USAGE_ZH = "- `--kl-coef`：KL penalty 系数，用于 reward shaping。\n"
-_USAGE_ZH_NEW = _USAGE_ZH + (
-    "- `--kl-ctrl`：`fixed`（默认）保持 `--kl-coef` 不变；`adaptive`（PPO）每步后使其向 `--kl-target` 调整，"
+_USAGE_ZH_NEW = _USAGE_ZH.replace("。", "；") + (  # the list goes on, so the kl-coef item ends as the others do
+    "- `--kl-ctrl`：`fixed`（默认）保持 `--kl-coef` 不变；`adaptive`（PPO）每个 rollout 后使其向 `--kl-target` 调整，"
     "见 [PPO 的自适应 KL 系数](../advanced/adaptive-kl-controller.md)；\n"
     "- `--kl-target`：`--kl-ctrl adaptive` 保持的 KL（每个样本 token 均值（应用 loss mask）再对样本求均值）；\n"
     "- `--kl-horizon`：`--kl-ctrl adaptive` 调整的快慢，以样本数计（默认 10000）。\n"
