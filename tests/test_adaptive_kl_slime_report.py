@@ -170,11 +170,12 @@ def test_a_seed_with_one_start_or_without_its_fixed_reference_is_named_not_passe
 
 
 # ---------------------------------------------------------------- the PR's pages against the recorded runs
-# The result table on the PR's pages (en, zh, the PR description) is written by hand; every cell must be what the
-# report computes from benchmarks/results/adaptive_kl_slime/runs.jsonl, and "fails" must sit where it fails.
+# The result tables on the PR's pages (en, zh, the PR description) and the benchmark's page are written by hand;
+# every cell must be what the report computes from benchmarks/results/adaptive_kl_slime/runs.jsonl, and "fails"
+# must sit where the run fails.
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("docs/en/advanced/adaptive-kl-controller.md", "docs/zh/advanced/adaptive-kl-controller.md",
-         "tools/slime_pr/PR_adaptive_kl.md")
+         "tools/slime_pr/PR_adaptive_kl.md", "docs/en/advanced/adaptive-kl.md")
 CELL = r"(\d\.\d\d) / (\d\.\d\d)(?:(?:, |，)(fails|不合格))?"
 
 
@@ -185,18 +186,26 @@ def _recorded_112_step_lines():
 
 
 def _page_cells(text):
+    """{(target, ctrl, start beta, horizon, seed): (in band, mean deviation, marked as failing)} from a table whose
+    row opens with the target and the run, in one cell ("target 0.11: fixed 0.2") or two ("0.11 | fixed 0.2"),
+    followed by the horizon and one cell per seed."""
     import re
 
     cells = {}
     for line in text.splitlines():
-        m = re.match(r"\| (?:target|目标) ([\d.]+)[:：] ?(fixed|固定|adaptive|自适应)[^|]*?([\d.]+)[^|]*\| ([^|]+) \|", line)
+        cols = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cols) < 5:
+            continue
+        if re.fullmatch(r"[\d.]+", cols[0]):  # the benchmark page: the target has a column of its own
+            cols = [f"target {cols[0]}: {cols[1]}", *cols[2:]]
+        m = re.match(r"(?:target|目标) ([\d.]+)[:：] ?(fixed|固定|adaptive|自适应)\D*?([\d.]+)", cols[0])
         if not m:
             continue
         target, ctrl, beta = float(m.group(1)), m.group(2), float(m.group(3))
         ctrl = "fixed" if ctrl in ("fixed", "固定") else "adaptive"
-        horizon = None if ctrl == "fixed" else float(re.match(r"\d+", m.group(4)).group())
-        for seed, cell in enumerate(line.split("|")[3:6], start=1):
-            c = re.fullmatch(CELL, cell.strip())
+        horizon = None if ctrl == "fixed" else float(re.match(r"\d+", cols[1]).group())
+        for seed, cell in enumerate(cols[2:5], start=1):
+            c = re.fullmatch(CELL, cell)
             if c:
                 cells[(target, ctrl, beta, horizon, seed)] = (float(c.group(1)), float(c.group(2)), bool(c.group(3)))
     return cells
