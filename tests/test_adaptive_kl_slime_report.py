@@ -2,6 +2,7 @@
 verdict that says so when an adaptive run's coefficient never moved."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -179,7 +180,9 @@ PAGES = ("docs/en/advanced/adaptive-kl-controller.md", "docs/zh/advanced/adaptiv
 CELL = r"(\d\.\d\d) / (\d\.\d\d)(?:(?:, |，)(fails|不合格))?"
 
 
-def _recorded_112_step_lines():
+@pytest.fixture(scope="module")
+def recorded_112_step_lines():
+    """The report's scored lines of the recorded 112-step runs, read once for every page."""
     rows, _ = report.load(ROOT / "benchmarks/results/adaptive_kl_slime")
     targets = [t for t in report.controller(rows)["targets"] if t["steps"] == 112]
     return {(t["target"], ln["ctrl"], ln["beta0"], ln["horizon"], ln["seed"]): ln for t in targets for ln in t["rows"]}
@@ -189,8 +192,6 @@ def _page_cells(text):
     """{(target, ctrl, start beta, horizon, seed): (in band, mean deviation, marked as failing)} from a table whose
     row opens with the target and the run, in one cell ("target 0.11: fixed 0.2") or two ("0.11 | fixed 0.2"),
     followed by the horizon and one cell per seed."""
-    import re
-
     cells = {}
     for line in text.splitlines():
         cols = [c.strip() for c in line.split("|")[1:-1]]
@@ -212,8 +213,8 @@ def _page_cells(text):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_the_prs_result_table_is_what_the_recorded_runs_give(page):
-    recorded = _recorded_112_step_lines()
+def test_the_prs_result_table_is_what_the_recorded_runs_give(page, recorded_112_step_lines):
+    recorded = recorded_112_step_lines
     cells = _page_cells((ROOT / page).read_text())
     assert len(cells) == 20, sorted(cells)  # per target: the fixed reference and 2 starts on 3 seeds; 2 controls
     for key, (in_band, dev, fails) in cells.items():
